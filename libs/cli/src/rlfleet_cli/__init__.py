@@ -1,0 +1,5 @@
+"""The `rlfleet` command."""
+
+from importlib.metadata import version
+
+__version__ = version("rlfleet")

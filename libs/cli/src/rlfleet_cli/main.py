@@ -1,0 +1,146 @@
+"""The `rlfleet` command: one entry for serving, running, preparing data and benchmarks.
+
+Config knobs are dotted `key=value` overrides, not new flags: flags are kept to the few
+that every command needs (ports, config file, output folder).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rlfleet_core.bench import record
+from rlfleet_core.config import ConfigError, dump_yaml, load_config
+from rlfleet_core.recipe import RecipeConfig
+from rlfleet_core.server import load_service_config, package_version, run_service_blocking
+
+from rlfleet_cli.bench import BenchNotFound, find_bench_dir, list_benchmarks, load_benchmark
+from rlfleet_cli.services import KNOWN_SERVICES, ServiceNotFound, get_service
+
+app = typer.Typer(
+    name="rlfleet",
+    help="rlfleet: multi-stage GRPO post-training of LLMs (RLVR → SWE-RL → RLHF) as gRPC services.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+# soft_wrap: an error is one line, whatever the terminal width (scripts grep for it).
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="[KEY=VALUE]...", help="Dotted config overrides, e.g. grpo.lr=1e-6.",
+                   show_default=False),
+]
+ConfigPath = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]rlfleet:[/] {message}")
+    return typer.Exit(code)
+
+
+def config_failure(exc: ConfigError) -> typer.Exit:
+    for line in exc.lines:
+        err.print(f"[bold red]rlfleet: config error:[/] {line}")
+    return typer.Exit(2)
+
+
+@app.command()
+def version() -> None:
+    """Print the version of every rlfleet package."""
+    packages = ["rlfleet", "rlfleet-core", "rlfleet-proto", *KNOWN_SERVICES.values()]
+    width = max(map(len, packages))
+    for package in packages:
+        out.print(f"{package:<{width}}  {package_version(package)}")
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def serve(
+    service: Annotated[str, typer.Argument(help=f"One of: {', '.join(KNOWN_SERVICES)}.")],
+    port: Annotated[int | None, typer.Option(help="gRPC port on --host (0 = pick a free one).")] = None,
+    http_port: Annotated[int | None, typer.Option(help="Port of the HTTP face (health, /metrics, "
+                                                  "and the service's own API). Off if unset.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address.  [default: 127.0.0.1]")] = None,
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """Run one service in the foreground until SIGTERM/Ctrl-C.
+
+    It answers the standard gRPC health check (NOT_SERVING while starting, SERVING when
+    ready) and reflection; SIGTERM lets calls in flight finish within server.grace_s.
+    """
+    try:
+        definition = get_service(service)
+        cfg = load_service_config(definition, config, overrides or [], port, http_port, host)
+    except ServiceNotFound as exc:
+        raise fail(str(exc)) from None
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    raise typer.Exit(run_service_blocking(definition, cfg))
+
+
+@app.command()
+def run(
+    out_dir: Annotated[Path, typer.Option("--out", help="Run folder.")] = Path("runs/tiny"),
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out.")] = False,
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """Run the tiny RLVR pipeline end to end on this machine (the embedded default)."""
+    try:
+        recipe = load_config(RecipeConfig, config, overrides or [])
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    err.print("[bold]rlfleet run[/]: resolved config:")
+    err.print(dump_yaml(recipe), end="")
+    raise fail("the pipeline is not built yet (it lands with the end-to-end issue); "
+               "`rlfleet serve <service>` runs each service today", code=1)
+
+
+@app.command()
+def bench(
+    name: Annotated[str | None, typer.Argument(help="Benchmark to run; omit to list them.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per result.")] = False,
+    quick: Annotated[bool, typer.Option(help="Fewer iterations (a smoke run).")] = False,
+    save: Annotated[bool, typer.Option(help="Append results to bench/results/<name>.jsonl.")] = True,
+) -> None:
+    """Run a benchmark: ours vs a baseline in the same run, as a ratio (higher is better).
+
+    Results are appended to bench/results/<name>.jsonl (with a timestamp and the device).
+    """
+    try:
+        bench_dir = find_bench_dir()
+        if name is None:
+            for bench_name, path in list_benchmarks(bench_dir).items():
+                module = load_benchmark(bench_name, bench_dir)
+                out.print(f"{bench_name:<16} {getattr(module, 'DESCRIPTION', path.name)}")
+            return
+        module = load_benchmark(name, bench_dir)
+    except BenchNotFound as exc:
+        raise fail(str(exc)) from None
+    results = module.run(quick=quick)
+    rows = record(results, bench_dir / "results") if save else [r.to_json() for r in results]
+    if as_json:
+        for row in rows:
+            sys.stdout.write(json.dumps(row) + "\n")
+        return
+    table = Table(title=f"bench {name}  ({rows[0]['device'] if rows else ''})")
+    for column in ("metric", "value", "baseline", "unit", "ratio", "target"):
+        table.add_column(column, justify="left" if column in ("metric", "unit") else "right")
+    for result in results:
+        met = {True: "[green]", False: "[red]", None: ""}[result.met]
+        table.add_row(result.metric, f"{result.value:.4g}", f"{result.baseline:.4g}", result.unit,
+                      f"{met}{result.ratio:.3f}", "" if result.target is None else f"≥ {result.target}")
+    out.print(table)
+
+
+if __name__ == "__main__":
+    app()

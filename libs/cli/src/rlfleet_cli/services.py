@@ -1,0 +1,45 @@
+"""Finds installed services through the `rlfleet.services` entry-point group, so the CLI
+depends on no service package: each service registers itself when installed."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from rlfleet_core.server import ServiceDefinition
+
+# The services of DESIGN.md, in pipeline order; a name here that is not installed is
+# reported with the package to install.
+KNOWN_SERVICES = {
+    "trainer": "rlfleet-trainer",
+    "rollout": "rlfleet-rollout",
+    "reward": "rlfleet-reward",
+    "sandbox": "rlfleet-sandbox",
+    "swe-runner": "rlfleet-swe",
+}
+
+
+class ServiceNotFound(LookupError):
+    pass
+
+
+def installed_services() -> dict[str, ServiceDefinition]:
+    found = {}
+    for ep in entry_points(group="rlfleet.services"):
+        definition = ep.load()
+        if not isinstance(definition, ServiceDefinition):
+            raise TypeError(f"entry point {ep.name!r} ({ep.value}) is not a ServiceDefinition")
+        found[ep.name] = definition
+    return found
+
+
+def get_service(name: str) -> ServiceDefinition:
+    services = installed_services()
+    if name in services:
+        return services[name]
+    if name in KNOWN_SERVICES:
+        raise ServiceNotFound(
+            f"service {name!r} is not installed; install it with `uv sync` in the repository "
+            f"or `pip install {KNOWN_SERVICES[name]}`"
+        )
+    known = ", ".join(sorted(set(KNOWN_SERVICES) | set(services)))
+    raise ServiceNotFound(f"unknown service {name!r}; choose one of: {known}")

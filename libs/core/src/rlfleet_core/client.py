@@ -1,0 +1,180 @@
+"""Client channels with a deadline on every call and bounded retries with backoff.
+
+A call that passes no `timeout=` gets the channel's default deadline (a client
+interceptor adds it; the service-config `timeout` would instead cap every call).
+
+Retries use gRPC's own retry machinery (a service config on the channel), so they apply
+to every stub made from the channel: only UNAVAILABLE is retried by default (the server
+was not reached or is restarting), since a retried RESOURCE_EXHAUSTED or
+DEADLINE_EXCEEDED would add load exactly when the server is saturated. A streaming call
+is retried only until its first response arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 4
+    """Total tries including the first (gRPC caps this at 5)."""
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+    backoff_multiplier: float = 2.0
+    retryable_codes: tuple[str, ...] = ("UNAVAILABLE",)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_attempts <= 5:
+            raise ValueError(f"max_attempts ({self.max_attempts}) must be between 1 and 5")
+
+
+def service_config(retry: RetryPolicy | None) -> str:
+    """The gRPC service config JSON that sets the retry policy for every method."""
+    method: dict[str, object] = {"name": [{}]}
+    if retry is not None and retry.max_attempts > 1:
+        method["retryPolicy"] = {
+            "maxAttempts": retry.max_attempts,
+            "initialBackoff": f"{retry.initial_backoff_s:.3f}s",
+            "maxBackoff": f"{retry.max_backoff_s:.3f}s",
+            "backoffMultiplier": retry.backoff_multiplier,
+            "retryableStatusCodes": list(retry.retryable_codes),
+        }
+    return json.dumps({"methodConfig": [method]})
+
+
+class _DefaultDeadline(
+    aio.UnaryUnaryClientInterceptor,
+    aio.UnaryStreamClientInterceptor,
+    aio.StreamUnaryClientInterceptor,
+    aio.StreamStreamClientInterceptor,
+):
+    """Gives every call without a timeout the channel's default one."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+
+    def _details(self, details: aio.ClientCallDetails) -> aio.ClientCallDetails:
+        if details.timeout is not None:
+            return details
+        return aio.ClientCallDetails(details.method, self.timeout_s, details.metadata,
+                                     details.credentials, details.wait_for_ready)
+
+    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(details), request_iterator)
+
+    async def intercept_stream_stream(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(details), request_iterator)
+
+
+def _options(retry: RetryPolicy | None, max_message_bytes: int) -> list[tuple[str, object]]:
+    return [
+        ("grpc.service_config", service_config(retry)),
+        ("grpc.enable_retries", 1 if retry is not None else 0),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+def connect(
+    target: str,
+    *,
+    default_timeout_s: float = 30.0,
+    retry: RetryPolicy | None = RetryPolicy(),
+    max_message_bytes: int = 64 << 20,
+) -> aio.Channel:
+    """An asyncio channel to `target` ("127.0.0.1:50051"): every call gets
+    `default_timeout_s` unless it passes its own `timeout=`, and UNAVAILABLE is retried."""
+    return aio.insecure_channel(target, options=_options(retry, max_message_bytes),
+                                interceptors=[_DefaultDeadline(default_timeout_s)])
+
+
+def connect_sync(
+    target: str,
+    *,
+    default_timeout_s: float = 30.0,
+    retry: RetryPolicy | None = RetryPolicy(),
+    max_message_bytes: int = 64 << 20,
+) -> grpc.Channel:
+    """Blocking twin of `connect`, for scripts and the CLI."""
+    channel = grpc.insecure_channel(target, options=_options(retry, max_message_bytes))
+    return grpc.intercept_channel(channel, _SyncDefaultDeadline(default_timeout_s))
+
+
+class _SyncDefaultDeadline(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Blocking-channel twin of _DefaultDeadline."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        if details.timeout is not None:
+            return details
+        return _CallDetails(details.method, self.timeout_s, details.metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), request_iterator)
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+def check_health(target: str, service: str = "", timeout_s: float = 5.0) -> str:
+    """Standard gRPC health check; returns "SERVING", "NOT_SERVING", ... or raises grpc.RpcError."""
+    with connect_sync(target, default_timeout_s=timeout_s, retry=None) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+async def wait_for_serving(target: str, service: str = "", timeout_s: float = 30.0) -> None:
+    """Poll health until SERVING; TimeoutError naming the target otherwise."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    async with connect(target, default_timeout_s=2.0, retry=None) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except aio.AioRpcError as exc:
+                last = exc.code().name
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"{target} not SERVING after {timeout_s:.0f}s (last: {last})")

@@ -1,0 +1,176 @@
+"""Typed configuration: pydantic models loaded from YAML plus dotted `key=value` overrides.
+
+Every config section subclasses `ConfigModel`: unknown keys are errors (a misspelled key
+must not pass silently), each field is documented by the docstring under it, and bad
+values produce one line per problem naming the dotted key, e.g.
+
+    grpo.lr: expected a number, got 'abc' (from override grpo.lr=abc)
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigModel(BaseModel):
+    """Base of every config section: strict keys, documented fields, checked assignment."""
+
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
+
+
+class ConfigError(ValueError):
+    """A config could not be loaded; `lines` holds one human-readable problem each."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """Turn ["a.b=1", "c=x"] into {"a": {"b": 1}, "c": "x"}.
+
+    Values are parsed as YAML scalars/flow collections, so `3` is an int, `true` a bool,
+    `[1,2]` a list and anything else a string (pydantic then checks the type).
+    """
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError([f"override {item!r}: expected key=value with a dotted key, e.g. grpo.lr=1e-6"])
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError([f"override {item!r}: {part!r} was already set to a value, not a section"])
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; values in `update` win, nested dicts merge."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: config file not found"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" line {mark.line + 1}, column {mark.column + 1}:"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{path}:{where} invalid YAML ({problem})"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}"])
+    return data
+
+
+def load_config(
+    model: type[M],
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    base: Mapping[str, Any] | None = None,
+) -> M:
+    """Build `model` from `base` ← YAML at `path` ← `overrides` (later wins)."""
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        data = deep_merge(data, read_yaml(path))
+    overrides = list(overrides)
+    data = deep_merge(data, parse_overrides(overrides))
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, overrides)) from None
+
+
+def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Valid keys of the section that `loc` points into (for 'did you mean')."""
+    current: Any = model
+    for part in loc[:-1]:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or part not in fields:
+            return []
+        current = fields[part].annotation
+    fields = getattr(current, "model_fields", None)
+    return sorted(fields) if fields else []
+
+
+_TYPE_WORDS = {
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
+    "int_parsing": "expected an integer",
+    "int_type": "expected an integer",
+    "int_from_float": "expected an integer",
+    "bool_parsing": "expected true or false",
+    "bool_type": "expected true or false",
+    "string_type": "expected a string",
+    "dict_type": "expected a section (mapping of keys)",
+    "model_type": "expected a section (mapping of keys)",
+    "list_type": "expected a list",
+}
+
+
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel], overrides: Iterable[str] = ()
+) -> list[str]:
+    """One line per problem: `dotted.key: what is wrong, got X (from override ...)`."""
+    override_keys = {o.partition("=")[0].strip(): o for o in overrides}
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc) or "<top level>"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            valid = _field_names(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            suggestion = ".".join([*map(str, loc[:-1]), close[0]]) if close else ""
+            hint = f"did you mean {suggestion}?" if close else f"valid keys here: {', '.join(valid)}"
+            line = f"{key}: unknown key; {hint}"
+        elif kind == "missing":
+            line = f"{key}: required, but not set"
+        elif kind == "value_error":  # our own validators: the message says it all
+            what = str(err.get("ctx", {}).get("error", err["msg"]))
+            line = f"{key}: {what}" if loc else what
+        else:
+            what = _TYPE_WORDS.get(kind) or err["msg"][:1].lower() + err["msg"][1:]
+            line = f"{key}: {what}, got {err['input']!r}"
+        if key in override_keys:
+            line += f" (from override {override_keys[key]})"
+        lines.append(line)
+    return lines
+
+
+def dump_yaml(model: BaseModel) -> str:
+    """The fully resolved config as YAML (defaults included), for --dry-run and lineage."""
+    return yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,172 @@
+"""Server interceptors installed on every rlfleet gRPC server.
+
+One interceptor does the per-call bookkeeping so that the order is explicit: request id
+(from `x-request-id` metadata or a fresh one) → deadline (the client's, capped at the
+server's maximum, or the server default when the client set none) → handler → status
+code (ServiceError subclasses map to their code; anything else is INTERNAL with the
+exception named, and logged with its traceback) → log line and Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from rlfleet_core.errors import ServiceError
+from rlfleet_core.logs import request_id_var
+from rlfleet_core.metrics import GRPC_IN_FLIGHT, GRPC_LATENCY, GRPC_REQUESTS
+
+logger = logging.getLogger(__name__)
+
+# Health checks and reflection are polled often; keep them out of the logs.
+_QUIET_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+class _Call:
+    """Bookkeeping for one RPC."""
+
+    def __init__(self, service: str, method: str, context: aio.ServicerContext) -> None:
+        self.service = service
+        self.method = method
+        self.context = context
+        self.start = time.perf_counter()
+        metadata = dict(context.invocation_metadata() or ())
+        self.request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
+        self.token = request_id_var.set(self.request_id)
+        GRPC_IN_FLIGHT.labels(service).inc()
+
+    def finish(self, code: grpc.StatusCode) -> None:
+        elapsed = time.perf_counter() - self.start
+        GRPC_IN_FLIGHT.labels(self.service).dec()
+        GRPC_REQUESTS.labels(self.service, self.method, code.name).inc()
+        GRPC_LATENCY.labels(self.service, self.method).observe(elapsed)
+        if not self.method.startswith(_QUIET_PREFIXES):
+            level = logging.DEBUG if code == grpc.StatusCode.OK else logging.INFO
+            logger.log(level, "rpc done", extra={"method": self.method, "code": code.name,
+                                                 "ms": round(elapsed * 1e3, 2)})
+        request_id_var.reset(self.token)
+
+
+class ServerInterceptor(aio.ServerInterceptor):
+    """Request ids, deadlines, error mapping, logging and metrics for every RPC.
+
+    default_timeout_s: deadline applied when the client sent none.
+    max_timeout_s: cap on any deadline (a client cannot hold a handler forever).
+    Streaming-response calls are bounded by max_timeout_s only, since a long stream
+    (e.g. Generate with many samples) is legitimate.
+    """
+
+    def __init__(self, service: str, default_timeout_s: float, max_timeout_s: float) -> None:
+        self.service = service
+        self.default_timeout_s = default_timeout_s
+        self.max_timeout_s = max_timeout_s
+
+    def _budget(self, context: aio.ServicerContext, streaming: bool) -> float:
+        remaining = context.time_remaining()
+        if remaining is None:
+            remaining = self.max_timeout_s if streaming else self.default_timeout_s
+        return max(0.0, min(remaining, self.max_timeout_s))
+
+    def _status_for(self, call: _Call, exc: BaseException) -> tuple[grpc.StatusCode, str]:
+        """The status code and message that `exc` stands for."""
+        if isinstance(exc, ServiceError):
+            code, message = exc.code, exc.message
+        elif isinstance(exc, NotImplementedError):
+            code, message = grpc.StatusCode.UNIMPLEMENTED, f"{call.method} is not implemented yet"
+        elif isinstance(exc, TimeoutError):
+            code, message = grpc.StatusCode.DEADLINE_EXCEEDED, f"{call.method}: deadline exceeded"
+        else:
+            logger.error("unhandled error in %s", call.method, exc_info=exc)
+            code = grpc.StatusCode.INTERNAL
+            message = f"internal error in {call.method}: {type(exc).__name__}: {exc}"
+        return code, message
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.unary_unary, streaming_in=False),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.stream_unary, streaming_in=True),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            self._wrap_stream(method, handler.stream_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _wrap_unary(self, method: str, behavior: Any, streaming_in: bool) -> Any:
+        async def wrapper(request: Any, context: aio.ServicerContext) -> Any:
+            call = _Call(self.service, method, context)
+            code = grpc.StatusCode.OK
+            try:
+                async with asyncio.timeout(self._budget(context, streaming=streaming_in)):
+                    result = behavior(request, context)
+                    if asyncio.iscoroutine(result):
+                        result = await result
+                    return result
+            except aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:
+                code, message = self._status_for(call, exc)
+                await context.abort(code, message)
+            finally:
+                if code == grpc.StatusCode.OK and context.code() not in (None, grpc.StatusCode.OK):
+                    code = context.code()
+                call.finish(code)
+
+        return wrapper
+
+    def _wrap_stream(self, method: str, behavior: Any) -> Any:
+        async def wrapper(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+            call = _Call(self.service, method, context)
+            code = grpc.StatusCode.OK
+            try:
+                async with asyncio.timeout(self._budget(context, streaming=True)):
+                    async for item in behavior(request, context):
+                        yield item
+            except aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:
+                code, message = self._status_for(call, exc)
+                await context.abort(code, message)
+            finally:
+                if code == grpc.StatusCode.OK and context.code() not in (None, grpc.StatusCode.OK):
+                    code = context.code()
+                call.finish(code)
+
+        return wrapper

@@ -1,0 +1,309 @@
+"""The one bootstrap every rlfleet service runs under.
+
+Order matters and is the same for every service:
+1. bind the gRPC port (health NOT_SERVING) and the HTTP port *before* heavy start-up, so
+   a port clash fails in milliseconds and orchestrators can watch health from the start;
+2. `service.start()` (load a model, warm a pool, ...), then health turns SERVING;
+3. on SIGTERM/SIGINT: health NOT_SERVING, stop taking new calls, let calls in flight
+   finish within `grace_s`, then `service.stop()`.
+
+A service is a `ServiceDefinition` (name, config model, factory) whose factory builds an
+object implementing `Service`. `rlfleet serve <name>` and each package's own
+`rlfleet-<name>` entry point both end in `serve(...)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Protocol
+
+import uvicorn
+from fastapi import FastAPI, Response
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import Field, field_validator
+
+from rlfleet_core.config import ConfigError, ConfigModel, load_config
+from rlfleet_core.interceptors import ServerInterceptor
+from rlfleet_core.logs import setup_logging
+from rlfleet_core.metrics import REGISTRY
+
+logger = logging.getLogger(__name__)
+
+
+class ServerConfig(ConfigModel):
+    """Network and lifecycle settings shared by every service (`server.*` keys)."""
+
+    host: str = "127.0.0.1"
+    """Address to bind. Loopback by default: expose a service only on purpose."""
+    port: int = Field(0, ge=0, le=65535)
+    """gRPC port; 0 picks a free one (logged at start)."""
+    http_port: int | None = Field(None, ge=0, le=65535)
+    """Port of the HTTP face (health, /metrics and the service's own routes); None = off."""
+    grace_s: float = Field(3.0, ge=0)
+    """On SIGTERM, calls in flight get this long to finish before they are cancelled."""
+    max_message_bytes: int = Field(64 << 20, ge=1 << 20)
+    """Largest gRPC message sent or received (weights go in buckets below this)."""
+    default_timeout_s: float = Field(60.0, gt=0)
+    """Deadline for a unary call whose client set none."""
+    max_timeout_s: float = Field(3600.0, gt=0)
+    """Cap on any call's deadline, streams included."""
+    max_concurrent_rpcs: int | None = Field(None, ge=1)
+    """Calls handled at once; more are refused with RESOURCE_EXHAUSTED. None = no cap."""
+
+    @field_validator("host")
+    @classmethod
+    def _host_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be an address such as 127.0.0.1")
+        return value
+
+
+class ServiceConfig(ConfigModel):
+    """Base of each service's config; the service adds its own sections."""
+
+    server: ServerConfig = ServerConfig()
+
+
+class Service(Protocol):
+    """What a service implements; the bootstrap owns everything else."""
+
+    def add_to_server(self, server: aio.Server) -> None:
+        """Register the gRPC servicers (called before the server starts)."""
+
+    def http_routes(self, app: FastAPI) -> None:
+        """Add the service's HTTP routes (only called when an HTTP port is set)."""
+
+    async def start(self) -> None:
+        """Heavy start-up after the ports are bound; health is SERVING once it returns."""
+
+    async def stop(self) -> None:
+        """Release resources after the servers stopped."""
+
+
+class BaseService:
+    """Convenience base: no HTTP routes, nothing to start or stop. Subclasses register
+    their servicers in `add_to_server` and override the rest as they grow."""
+
+    def add_to_server(self, server: aio.Server) -> None:
+        raise NotImplementedError
+
+    def http_routes(self, app: FastAPI) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class ServiceDefinition:
+    name: str
+    """Short name, as in `rlfleet serve <name>`."""
+    package: str
+    """Distribution that ships the service (for versions)."""
+    grpc_services: tuple[str, ...]
+    """Full gRPC service names, for health and reflection."""
+    config_model: type[ServiceConfig]
+    factory: Callable[[Any], Service]
+    """Builds the service from a validated `config_model` instance."""
+    description: str = ""
+    http_face: str = ""
+    """What the HTTP face offers beyond /healthz and /metrics (for --help)."""
+
+
+@dataclass
+class RunningServer:
+    """Handles of a started service, for tests and embedding."""
+
+    grpc_port: int
+    http_port: int | None
+    stop_event: asyncio.Event
+    done: asyncio.Task[None] = field(repr=False)
+
+
+def package_version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _health_app(definition: ServiceDefinition, health: HealthServicer) -> FastAPI:
+    app = FastAPI(title=f"rlfleet {definition.name}", version=package_version(definition.package))
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        request = health_pb2.HealthCheckRequest(service="")
+        status = (await health.Check(request, None)).status  # type: ignore[arg-type]
+        serving = status == health_pb2.HealthCheckResponse.SERVING
+        name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+        return Response(content=name, status_code=200 if serving else 503, media_type="text/plain")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(content=generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the bootstrap owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def start_service(
+    definition: ServiceDefinition, config: ServiceConfig
+) -> RunningServer:
+    """Start `definition` with `config` in the running event loop; returns once SERVING."""
+    cfg = config.server
+    service = definition.factory(config)
+    server = aio.server(
+        interceptors=[ServerInterceptor(definition.name, cfg.default_timeout_s, cfg.max_timeout_s)],
+        options=[
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+        maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
+    )
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    service.add_to_server(server)
+    reflection.enable_server_reflection(
+        (*definition.grpc_services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME),
+        server,
+    )
+    try:
+        grpc_port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.port} ({exc}); is the port in use?") from None
+    for name in ("", *definition.grpc_services):
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.start()
+
+    http: _UvicornServer | None = None
+    http_task: asyncio.Task[None] | None = None
+    http_port: int | None = None
+    if cfg.http_port is not None:
+        # Bind here rather than in uvicorn, so a port clash is an OSError we report, not a
+        # SystemExit from inside uvicorn.
+        sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
+        try:
+            sock.bind((cfg.host, cfg.http_port))
+        except OSError as exc:
+            sock.close()
+            await server.stop(0)
+            raise OSError(f"cannot bind HTTP to {cfg.host}:{cfg.http_port} ({exc.strerror}); "
+                          "is the port in use?") from None
+        http_port = int(sock.getsockname()[1])
+        app = _health_app(definition, health)
+        service.http_routes(app)
+        http = _UvicornServer(uvicorn.Config(app, log_level="warning", access_log=False,
+                                             lifespan="off"))
+        http_task = asyncio.create_task(http.serve(sockets=[sock]))
+
+    await service.start()
+    for name in ("", *definition.grpc_services):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    logger.info("serving", extra={"grpc": f"{cfg.host}:{grpc_port}",
+                                  "http": f"{cfg.host}:{http_port}" if http_port else "off",
+                                  "version": package_version(definition.package)})
+
+    stop_event = asyncio.Event()
+
+    async def run_until_stopped() -> None:
+        await stop_event.wait()
+        logger.info("stopping", extra={"grace_s": cfg.grace_s})
+        await health.enter_graceful_shutdown()
+        if http is not None:
+            http.should_exit = True
+        await server.stop(cfg.grace_s)
+        if http_task is not None:
+            await http_task
+        await service.stop()
+        logger.info("stopped")
+
+    done = asyncio.create_task(run_until_stopped())
+    return RunningServer(grpc_port=grpc_port, http_port=http_port, stop_event=stop_event, done=done)
+
+
+async def serve(definition: ServiceDefinition, config: ServiceConfig) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    running = await start_service(definition, config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, running.stop_event.set)
+    await running.done
+
+
+def load_service_config(
+    definition: ServiceDefinition,
+    config_path: str | Path | None,
+    overrides: Sequence[str],
+    port: int | None = None,
+    http_port: int | None = None,
+    host: str | None = None,
+) -> ServiceConfig:
+    """Config from YAML + overrides, with --port/--http-port/--host winning."""
+    flags = []
+    if port is not None:
+        flags.append(f"server.port={port}")
+    if http_port is not None:
+        flags.append(f"server.http_port={http_port}")
+    if host is not None:
+        flags.append(f"server.host={host}")
+    return load_config(definition.config_model, config_path, [*overrides, *flags])
+
+
+def run_service_blocking(definition: ServiceDefinition, config: ServiceConfig) -> int:
+    """Run the service in this process; returns an exit code."""
+    setup_logging(definition.name)
+    try:
+        asyncio.run(serve(definition, config))
+    except OSError as exc:
+        print(f"rlfleet {definition.name}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def service_main(definition: ServiceDefinition, argv: Sequence[str] | None = None) -> None:
+    """Entry point of `rlfleet-<service>`: the same options as `rlfleet serve <service>`."""
+    parser = argparse.ArgumentParser(
+        prog=f"rlfleet-{definition.name}",
+        description=f"{definition.description} Serves gRPC (with health and reflection) "
+        f"and optionally HTTP.",
+    )
+    parser.add_argument("--port", type=int, help="gRPC port (default: server.port from config)")
+    parser.add_argument("--http-port", type=int, help="HTTP port (default: off)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("-c", "--config", help="YAML config file")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    args = parser.parse_args(argv)
+    try:
+        config = load_service_config(definition, args.config, args.overrides,
+                                     args.port, args.http_port, args.host)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(f"rlfleet-{definition.name}: config error: {line}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run_service_blocking(definition, config))

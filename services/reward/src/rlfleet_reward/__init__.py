@@ -1,0 +1,5 @@
+"""rlfleet reward service."""
+
+from importlib.metadata import version
+
+__version__ = version("rlfleet-reward")

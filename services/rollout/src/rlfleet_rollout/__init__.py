@@ -1,0 +1,5 @@
+"""rlfleet rollout service."""
+
+from importlib.metadata import version
+
+__version__ = version("rlfleet-rollout")
