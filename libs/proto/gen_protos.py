@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -76,10 +75,87 @@ def generate(out_dir: Path) -> list[Path]:
         return written
 
 
+WIRE_BASELINE = Path(__file__).resolve().parent / "wire_baseline.json"
+
+
+def wire_snapshot() -> dict[str, dict[str, list[object]]]:
+    """What old clients depend on: every field's number/type/label, every enum value's
+    number, every method's types and streaming flags, keyed by full name."""
+    import importlib
+
+    from google.protobuf.descriptor import Descriptor, EnumDescriptor
+
+    snap: dict[str, dict[str, list[object]]] = {}
+
+    def add_enum(enum: EnumDescriptor) -> None:
+        snap[enum.full_name] = {v.name: [v.number] for v in enum.values}
+
+    def add_message(msg: Descriptor) -> None:
+        snap[msg.full_name] = {
+            f.name: [
+                f.number,
+                f.type,
+                f.message_type.full_name
+                if f.message_type
+                else f.enum_type.full_name
+                if f.enum_type
+                else "",
+                f.is_repeated,
+            ]
+            for f in msg.fields
+        }
+        for nested in msg.nested_types:
+            if not nested.GetOptions().map_entry:
+                add_message(nested)
+        for enum in msg.enum_types:
+            add_enum(enum)
+
+    for proto in sorted(PROTO_DIR.glob("rlfleet/v1/*.proto")):
+        module = importlib.import_module(f"rlfleet_proto.v1.{proto.stem}_pb2")
+        fd = module.DESCRIPTOR
+        for msg in fd.message_types_by_name.values():
+            add_message(msg)
+        for enum in fd.enum_types_by_name.values():
+            add_enum(enum)
+        for svc in fd.services_by_name.values():
+            snap[svc.full_name] = {
+                m.name: [
+                    m.input_type.full_name,
+                    m.output_type.full_name,
+                    m.client_streaming,
+                    m.server_streaming,
+                ]
+                for m in svc.methods
+            }
+    return snap
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=PACKAGE_DIR)
+    parser.add_argument(
+        "--update-wire-baseline",
+        action="store_true",
+        help="accept the current wire format as the compatibility baseline "
+        "(only when releasing a breaking version)",
+    )
     args = parser.parse_args()
+    if args.update_wire_baseline:
+        import json
+
+        snap = wire_snapshot()
+        blocks = [
+            f"  {json.dumps(name)}: {{\n"
+            + ",\n".join(
+                f"    {json.dumps(member)}: {json.dumps(shape)}"
+                for member, shape in sorted(snap[name].items())
+            )
+            + "\n  }"
+            for name in sorted(snap)
+        ]
+        WIRE_BASELINE.write_text("{\n" + ",\n".join(blocks) + "\n}\n")
+        print(WIRE_BASELINE.relative_to(ROOT))
+        return
     check_generator_versions()
     if args.out == PACKAGE_DIR and PACKAGE_DIR.exists():
         shutil.rmtree(PACKAGE_DIR)

@@ -17,7 +17,7 @@ class Inner(ConfigModel):
 class Outer(ConfigModel):
     grpo: Inner = Inner()
     enabled: bool = False
-    tags: list[str] = []
+    tags: list[str] = Field(default_factory=list)
 
 
 def test_overrides_parse_yaml_scalars_into_a_tree() -> None:
@@ -26,7 +26,9 @@ def test_overrides_parse_yaml_scalars_into_a_tree() -> None:
 
 
 def test_override_values_are_validated_by_type() -> None:
-    cfg = load_config(Outer, overrides=["grpo.lr=1.5e-6", "grpo.steps=7", "enabled=true", "tags=[a, b]"])
+    cfg = load_config(
+        Outer, overrides=["grpo.lr=1.5e-6", "grpo.steps=7", "enabled=true", "tags=[a, b]"]
+    )
     assert cfg.grpo.lr == pytest.approx(1.5e-6)
     assert cfg.grpo.steps == 7
     assert cfg.enabled is True
@@ -50,13 +52,18 @@ def test_range_violation_is_reported_per_key() -> None:
 def test_unknown_key_suggests_the_close_one() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(Outer, overrides=["grpo.lrr=1"])
-    assert info.value.lines == ["grpo.lrr: unknown key; did you mean grpo.lr? (from override grpo.lrr=1)"]
+    assert info.value.lines == [
+        "grpo.lrr: unknown key; did you mean grpo.lr? (from override grpo.lrr=1)"
+    ]
 
 
 def test_unknown_key_without_a_close_match_lists_valid_keys() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(Outer, overrides=["grpo.zzz=1"])
-    assert info.value.lines[0] == "grpo.zzz: unknown key; valid keys here: lr, name, steps (from override grpo.zzz=1)"
+    assert (
+        info.value.lines[0]
+        == "grpo.zzz: unknown key; valid keys here: lr, name, steps (from override grpo.zzz=1)"
+    )
 
 
 @pytest.mark.parametrize("bad", ["novalue", "=3", "a..b=1", ".a=1"])
@@ -96,7 +103,10 @@ def test_missing_and_non_mapping_files(tmp_path: Path) -> None:
 
 def test_recipe_cross_field_rule_says_how_to_fix() -> None:
     with pytest.raises(ConfigError) as info:
-        load_config(RecipeConfig, overrides=["generation.max_new_tokens=2048", "policy.max_total_sequence_length=1024"])
+        load_config(
+            RecipeConfig,
+            overrides=["generation.max_new_tokens=2048", "policy.max_total_sequence_length=1024"],
+        )
     (line,) = info.value.lines
     assert "generation.max_new_tokens (2048)" in line
     assert "policy.max_total_sequence_length (1024)" in line

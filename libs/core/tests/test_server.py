@@ -65,7 +65,9 @@ class EchoService(BaseService):
             for i in range(int(request.decode())):
                 yield str(i).encode()
 
-        async def count_then_fail(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
+        async def count_then_fail(
+            request: bytes, context: aio.ServicerContext
+        ) -> AsyncIterator[bytes]:
             yield b"0"
             raise InvalidArgument("n", "too large")
 
@@ -79,7 +81,9 @@ class EchoService(BaseService):
             "Count": grpc.unary_stream_rpc_method_handler(count),
             "CountThenFail": grpc.unary_stream_rpc_method_handler(count_then_fail),
         }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
 
     def http_routes(self, app: FastAPI) -> None:
         @app.get("/hello")
@@ -103,8 +107,11 @@ def make_service(config: ServiceConfig) -> EchoService:
 
 
 DEFINITION = ServiceDefinition(
-    name="echo", package="rlfleet-core", grpc_services=(SERVICE_NAME,),
-    config_model=ServiceConfig, factory=make_service,
+    name="echo",
+    package="rlfleet-core",
+    grpc_services=(SERVICE_NAME,),
+    config_model=ServiceConfig,
+    factory=make_service,
 )
 
 
@@ -138,7 +145,9 @@ async def test_health_reflection_and_echo(running: RunningServer) -> None:
             reply = await health.Check(health_pb2.HealthCheckRequest(service=name))
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         refl = reflection_pb2_grpc.ServerReflectionStub(channel)
-        responses = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        responses = refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
         names = {s.name async for r in responses for s in r.list_services_response.service}
         assert {SERVICE_NAME, "grpc.health.v1.Health"} <= names
         assert await call(channel, "Echo", b"hi") == b"hi"
@@ -146,9 +155,11 @@ async def test_health_reflection_and_echo(running: RunningServer) -> None:
 
 async def test_errors_map_to_status_codes_with_messages(running: RunningServer) -> None:
     async with connect(f"127.0.0.1:{running.grpc_port}") as channel:
-        cases = [("Invalid", grpc.StatusCode.INVALID_ARGUMENT, "payload: must not be empty"),
-                 ("Busy", grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full"),
-                 ("Boom", grpc.StatusCode.INTERNAL, "RuntimeError: kaput")]
+        cases = [
+            ("Invalid", grpc.StatusCode.INVALID_ARGUMENT, "payload: must not be empty"),
+            ("Busy", grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full"),
+            ("Boom", grpc.StatusCode.INTERNAL, "RuntimeError: kaput"),
+        ]
         for method, code, text in cases:
             with pytest.raises(aio.AioRpcError) as info:
                 await call(channel, method, b"x")
@@ -181,10 +192,14 @@ async def test_client_deadline_is_honoured(running: RunningServer) -> None:
 
 async def test_client_retries_unavailable_with_backoff(running: RunningServer) -> None:
     service = instances[-1]
-    async with connect(f"127.0.0.1:{running.grpc_port}", retry=RetryPolicy(max_attempts=4, initial_backoff_s=0.01)) as channel:
+    async with connect(
+        f"127.0.0.1:{running.grpc_port}", retry=RetryPolicy(max_attempts=4, initial_backoff_s=0.01)
+    ) as channel:
         assert await call(channel, "Flaky", b"2") == b"3"  # two failures, third try succeeds
     service.flaky_calls = 0
-    async with connect(f"127.0.0.1:{running.grpc_port}", retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01)) as channel:
+    async with connect(
+        f"127.0.0.1:{running.grpc_port}", retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01)
+    ) as channel:
         with pytest.raises(aio.AioRpcError) as info:
             await call(channel, "Flaky", b"5")
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -192,13 +207,20 @@ async def test_client_retries_unavailable_with_backoff(running: RunningServer) -
 
 
 async def test_invalid_argument_is_not_retried(running: RunningServer) -> None:
-    before = REGISTRY.get_sample_value("rlfleet_grpc_requests_total",
-                                       {"service": "echo", "method": f"/{SERVICE_NAME}/Invalid", "code": "INVALID_ARGUMENT"}) or 0
+    before = (
+        REGISTRY.get_sample_value(
+            "rlfleet_grpc_requests_total",
+            {"service": "echo", "method": f"/{SERVICE_NAME}/Invalid", "code": "INVALID_ARGUMENT"},
+        )
+        or 0
+    )
     async with connect(f"127.0.0.1:{running.grpc_port}") as channel:
         with pytest.raises(aio.AioRpcError):
             await call(channel, "Invalid", b"")
-    after = REGISTRY.get_sample_value("rlfleet_grpc_requests_total",
-                                      {"service": "echo", "method": f"/{SERVICE_NAME}/Invalid", "code": "INVALID_ARGUMENT"})
+    after = REGISTRY.get_sample_value(
+        "rlfleet_grpc_requests_total",
+        {"service": "echo", "method": f"/{SERVICE_NAME}/Invalid", "code": "INVALID_ARGUMENT"},
+    )
     assert after == before + 1
 
 
@@ -213,13 +235,17 @@ async def test_streaming_and_metrics(running: RunningServer) -> None:
     async with connect(f"127.0.0.1:{running.grpc_port}") as channel:
         items = [x async for x in channel.unary_stream(f"/{SERVICE_NAME}/Count")(b"5")]
         assert items == [b"0", b"1", b"2", b"3", b"4"]
-    value = REGISTRY.get_sample_value("rlfleet_grpc_requests_total",
-                                      {"service": "echo", "method": f"/{SERVICE_NAME}/Count", "code": "OK"})
+    value = REGISTRY.get_sample_value(
+        "rlfleet_grpc_requests_total",
+        {"service": "echo", "method": f"/{SERVICE_NAME}/Count", "code": "OK"},
+    )
     assert value is not None and value >= 1
 
 
 async def test_http_face_health_metrics_and_service_routes(running: RunningServer) -> None:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{running.http_port}", timeout=5) as http:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{running.http_port}", timeout=5
+    ) as http:
         health = await http.get("/healthz")
         assert (health.status_code, health.text) == (200, "SERVING")
         assert (await http.get("/hello")).json() == {"hello": "world"}

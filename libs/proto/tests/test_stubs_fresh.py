@@ -32,21 +32,34 @@ def test_committed_stubs_match_protos(tmp_path: Path) -> None:
 
 def test_every_proto_has_stubs() -> None:
     protos = {p.stem for p in (HERE.parents[2] / "protos" / "rlfleet" / "v1").glob("*.proto")}
-    generated = {p.name.removesuffix("_pb2.py") for p in (HERE.parent / "src" / "rlfleet_proto" / "v1").glob("*_pb2.py")}
+    generated = {
+        p.name.removesuffix("_pb2.py")
+        for p in (HERE.parent / "src" / "rlfleet_proto" / "v1").glob("*_pb2.py")
+    }
     assert protos == generated
 
 
 def test_wire_package_is_rlfleet_v1() -> None:
     # The Python module moved to rlfleet_proto; the wire names must not.
     assert rollout_pb2.DESCRIPTOR.package == "rlfleet.v1"
-    assert rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name == rlfleet_proto.ROLLOUT_SERVICE
-    assert reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name == rlfleet_proto.REWARD_SERVICE
+    assert (
+        rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+        == rlfleet_proto.ROLLOUT_SERVICE
+    )
+    assert (
+        reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
+        == rlfleet_proto.REWARD_SERVICE
+    )
 
 
 def test_messages_round_trip() -> None:
     result = rollout_pb2.GenerateResult(
-        request_id="r1", token_ids=[5, 6], logprobs=[-0.5, -1.25],
-        finish_reason=rollout_pb2.FINISH_REASON_LENGTH, weight_version_first=3, weight_version_last=4,
+        request_id="r1",
+        token_ids=[5, 6],
+        logprobs=[-0.5, -1.25],
+        finish_reason=rollout_pb2.FINISH_REASON_LENGTH,
+        weight_version_first=3,
+        weight_version_last=4,
     )
     back = rollout_pb2.GenerateResult.FromString(result.SerializeToString())
     assert list(back.token_ids) == [5, 6]

@@ -43,8 +43,12 @@ def list_benchmarks(bench_dir: Path) -> dict[str, Path]:
 def load_benchmark(name: str, bench_dir: Path) -> ModuleType:
     available = list_benchmarks(bench_dir)
     if name not in available:
-        raise BenchNotFound(f"no benchmark {name!r} in {bench_dir}; available: {', '.join(available) or 'none'}")
-    spec = importlib.util.spec_from_file_location(f"rlfleet_bench_{name.replace('-', '_')}", available[name])
+        raise BenchNotFound(
+            f"no benchmark {name!r} in {bench_dir}; available: {', '.join(available) or 'none'}"
+        )
+    spec = importlib.util.spec_from_file_location(
+        f"rlfleet_bench_{name.replace('-', '_')}", available[name]
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -36,8 +36,11 @@ out = Console(highlight=False, soft_wrap=True)
 
 Overrides = Annotated[
     list[str] | None,
-    typer.Argument(metavar="[KEY=VALUE]...", help="Dotted config overrides, e.g. grpo.lr=1e-6.",
-                   show_default=False),
+    typer.Argument(
+        metavar="[KEY=VALUE]...",
+        help="Dotted config overrides, e.g. grpo.lr=1e-6.",
+        show_default=False,
+    ),
 ]
 ConfigPath = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
 
@@ -65,9 +68,16 @@ def version() -> None:
 @app.command(context_settings={"allow_extra_args": False})
 def serve(
     service: Annotated[str, typer.Argument(help=f"One of: {', '.join(KNOWN_SERVICES)}.")],
-    port: Annotated[int | None, typer.Option(help="gRPC port on --host (0 = pick a free one).")] = None,
-    http_port: Annotated[int | None, typer.Option(help="Port of the HTTP face (health, /metrics, "
-                                                  "and the service's own API). Off if unset.")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="gRPC port on --host (0 = pick a free one).")
+    ] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of the HTTP face (health, /metrics, "
+            "and the service's own API). Off if unset."
+        ),
+    ] = None,
     host: Annotated[str | None, typer.Option(help="Bind address.  [default: 127.0.0.1]")] = None,
     config: ConfigPath = None,
     overrides: Overrides = None,
@@ -101,16 +111,23 @@ def run(
         raise config_failure(exc) from None
     err.print("[bold]rlfleet run[/]: resolved config:")
     err.print(dump_yaml(recipe), end="")
-    raise fail("the pipeline is not built yet (it lands with the end-to-end issue); "
-               "`rlfleet serve <service>` runs each service today", code=1)
+    raise fail(
+        "the pipeline is not built yet (it lands with the end-to-end issue); "
+        "`rlfleet serve <service>` runs each service today",
+        code=1,
+    )
 
 
 @app.command()
 def bench(
     name: Annotated[str | None, typer.Argument(help="Benchmark to run; omit to list them.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per result.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per result.")
+    ] = False,
     quick: Annotated[bool, typer.Option(help="Fewer iterations (a smoke run).")] = False,
-    save: Annotated[bool, typer.Option(help="Append results to bench/results/<name>.jsonl.")] = True,
+    save: Annotated[
+        bool, typer.Option(help="Append results to bench/results/<name>.jsonl.")
+    ] = True,
 ) -> None:
     """Run a benchmark: ours vs a baseline in the same run, as a ratio (higher is better).
 
@@ -137,8 +154,14 @@ def bench(
         table.add_column(column, justify="left" if column in ("metric", "unit") else "right")
     for result in results:
         met = {True: "[green]", False: "[red]", None: ""}[result.met]
-        table.add_row(result.metric, f"{result.value:.4g}", f"{result.baseline:.4g}", result.unit,
-                      f"{met}{result.ratio:.3f}", "" if result.target is None else f"≥ {result.target}")
+        table.add_row(
+            result.metric,
+            f"{result.value:.4g}",
+            f"{result.baseline:.4g}",
+            result.unit,
+            f"{met}{result.ratio:.3f}",
+            "" if result.target is None else f"≥ {result.target}",
+        )
     out.print(table)
 
 

@@ -61,7 +61,7 @@ def describe_device() -> str:
     if override:
         return override
     try:
-        import torch  # only if installed; the CPU description needs nothing
+        import torch  # type: ignore[import-not-found,unused-ignore]  # optional: CPU needs none
 
         if torch.cuda.is_available():
             return f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"

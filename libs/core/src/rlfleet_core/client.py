@@ -65,8 +65,13 @@ class _DefaultDeadline(
     def _details(self, details: aio.ClientCallDetails) -> aio.ClientCallDetails:
         if details.timeout is not None:
             return details
-        return aio.ClientCallDetails(details.method, self.timeout_s, details.metadata,
-                                     details.credentials, details.wait_for_ready)
+        return aio.ClientCallDetails(
+            details.method,
+            self.timeout_s,
+            details.metadata,
+            details.credentials,
+            details.wait_for_ready,
+        )
 
     async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
         return await continuation(self._details(details), request)
@@ -99,8 +104,11 @@ def connect(
 ) -> aio.Channel:
     """An asyncio channel to `target` ("127.0.0.1:50051"): every call gets
     `default_timeout_s` unless it passes its own `timeout=`, and UNAVAILABLE is retried."""
-    return aio.insecure_channel(target, options=_options(retry, max_message_bytes),
-                                interceptors=[_DefaultDeadline(default_timeout_s)])
+    return aio.insecure_channel(
+        target,
+        options=_options(retry, max_message_bytes),
+        interceptors=[_DefaultDeadline(default_timeout_s)],
+    )
 
 
 def connect_sync(
@@ -129,8 +137,14 @@ class _SyncDefaultDeadline(
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
         if details.timeout is not None:
             return details
-        return _CallDetails(details.method, self.timeout_s, details.metadata, details.credentials,
-                            getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+        return _CallDetails(
+            details.method,
+            self.timeout_s,
+            details.metadata,
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
         return continuation(self._details(details), request)
@@ -147,7 +161,8 @@ class _SyncDefaultDeadline(
 
 class _CallDetails(
     collections.namedtuple(
-        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
     ),
     grpc.ClientCallDetails,
 ):
@@ -170,7 +185,9 @@ async def wait_for_serving(target: str, service: str = "", timeout_s: float = 30
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
+                reply = await stub.Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=2.0
+                )
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return

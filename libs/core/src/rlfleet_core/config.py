@@ -47,7 +47,9 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise ConfigError([f"override {item!r}: expected key=value with a dotted key, e.g. grpo.lr=1e-6"])
+            raise ConfigError(
+                [f"override {item!r}: expected key=value with a dotted key, e.g. grpo.lr=1e-6"]
+            )
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
@@ -57,7 +59,9 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError([f"override {item!r}: {part!r} was already set to a value, not a section"])
+                raise ConfigError(
+                    [f"override {item!r}: {part!r} was already set to a value, not a section"]
+                )
             node = child
         node[parts[-1]] = value
     return tree
@@ -92,7 +96,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError([f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}"])
+        raise ConfigError(
+            [f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}"]
+        )
     return data
 
 
@@ -155,7 +161,9 @@ def format_validation_error(
             valid = _field_names(model, loc)
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
             suggestion = ".".join([*map(str, loc[:-1]), close[0]]) if close else ""
-            hint = f"did you mean {suggestion}?" if close else f"valid keys here: {', '.join(valid)}"
+            hint = (
+                f"did you mean {suggestion}?" if close else f"valid keys here: {', '.join(valid)}"
+            )
             line = f"{key}: unknown key; {hint}"
         elif kind == "missing":
             line = f"{key}: required, but not set"

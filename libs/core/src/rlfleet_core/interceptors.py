@@ -32,7 +32,7 @@ _QUIET_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 class _Call:
     """Bookkeeping for one RPC."""
 
-    def __init__(self, service: str, method: str, context: aio.ServicerContext) -> None:
+    def __init__(self, service: str, method: str, context: aio.ServicerContext[Any, Any]) -> None:
         self.service = service
         self.method = method
         self.context = context
@@ -49,8 +49,11 @@ class _Call:
         GRPC_LATENCY.labels(self.service, self.method).observe(elapsed)
         if not self.method.startswith(_QUIET_PREFIXES):
             level = logging.DEBUG if code == grpc.StatusCode.OK else logging.INFO
-            logger.log(level, "rpc done", extra={"method": self.method, "code": code.name,
-                                                 "ms": round(elapsed * 1e3, 2)})
+            logger.log(
+                level,
+                "rpc done",
+                extra={"method": self.method, "code": code.name, "ms": round(elapsed * 1e3, 2)},
+            )
         request_id_var.reset(self.token)
 
 
@@ -68,7 +71,7 @@ class ServerInterceptor(aio.ServerInterceptor):
         self.default_timeout_s = default_timeout_s
         self.max_timeout_s = max_timeout_s
 
-    def _budget(self, context: aio.ServicerContext, streaming: bool) -> float:
+    def _budget(self, context: aio.ServicerContext[Any, Any], streaming: bool) -> float:
         remaining = context.time_remaining()
         if remaining is None:
             remaining = self.max_timeout_s if streaming else self.default_timeout_s
@@ -90,9 +93,11 @@ class ServerInterceptor(aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -122,7 +127,7 @@ class ServerInterceptor(aio.ServerInterceptor):
         )
 
     def _wrap_unary(self, method: str, behavior: Any, streaming_in: bool) -> Any:
-        async def wrapper(request: Any, context: aio.ServicerContext) -> Any:
+        async def wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
             call = _Call(self.service, method, context)
             code = grpc.StatusCode.OK
             try:
@@ -148,7 +153,9 @@ class ServerInterceptor(aio.ServerInterceptor):
         return wrapper
 
     def _wrap_stream(self, method: str, behavior: Any) -> Any:
-        async def wrapper(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        async def wrapper(
+            request: Any, context: aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
             call = _Call(self.service, method, context)
             code = grpc.StatusCode.OK
             try:

@@ -62,8 +62,13 @@ class JsonFormatter(logging.Formatter):
 
 # Top-level packages of ours; their loggers follow `level`, everyone else's stay at WARNING.
 OUR_PACKAGES = (
-    "rlfleet_core", "rlfleet_cli", "rlfleet_trainer", "rlfleet_rollout",
-    "rlfleet_reward", "rlfleet_sandbox", "rlfleet_swe",
+    "rlfleet_core",
+    "rlfleet_cli",
+    "rlfleet_trainer",
+    "rlfleet_rollout",
+    "rlfleet_reward",
+    "rlfleet_sandbox",
+    "rlfleet_swe",
 )
 
 

@@ -150,7 +150,7 @@ def _health_app(definition: ServiceDefinition, health: HealthServicer) -> FastAP
     @app.get("/healthz")
     async def healthz() -> Response:
         request = health_pb2.HealthCheckRequest(service="")
-        status = (await health.Check(request, None)).status  # type: ignore[arg-type]
+        status = (await health.Check(request, None)).status
         serving = status == health_pb2.HealthCheckResponse.SERVING
         name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
         return Response(content=name, status_code=200 if serving else 503, media_type="text/plain")
@@ -170,9 +170,7 @@ class _UvicornServer(uvicorn.Server):
         yield
 
 
-async def start_service(
-    definition: ServiceDefinition, config: ServiceConfig
-) -> RunningServer:
+async def start_service(definition: ServiceDefinition, config: ServiceConfig) -> RunningServer:
     """Start `definition` with `config` in the running event loop; returns once SERVING."""
     cfg = config.server
     service = definition.factory(config)
@@ -189,14 +187,19 @@ async def start_service(
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     service.add_to_server(server)
     reflection.enable_server_reflection(
-        (*definition.grpc_services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME),
+        (
+            *definition.grpc_services,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
         server,
     )
     try:
         grpc_port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     except RuntimeError as exc:
-        raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.port} ({exc}); is the port in use?") from None
+        raise OSError(
+            f"cannot bind gRPC to {cfg.host}:{cfg.port} ({exc}); is the port in use?"
+        ) from None
     for name in ("", *definition.grpc_services):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
@@ -213,21 +216,29 @@ async def start_service(
         except OSError as exc:
             sock.close()
             await server.stop(0)
-            raise OSError(f"cannot bind HTTP to {cfg.host}:{cfg.http_port} ({exc.strerror}); "
-                          "is the port in use?") from None
+            raise OSError(
+                f"cannot bind HTTP to {cfg.host}:{cfg.http_port} ({exc.strerror}); "
+                "is the port in use?"
+            ) from None
         http_port = int(sock.getsockname()[1])
         app = _health_app(definition, health)
         service.http_routes(app)
-        http = _UvicornServer(uvicorn.Config(app, log_level="warning", access_log=False,
-                                             lifespan="off"))
+        http = _UvicornServer(
+            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        )
         http_task = asyncio.create_task(http.serve(sockets=[sock]))
 
     await service.start()
     for name in ("", *definition.grpc_services):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    logger.info("serving", extra={"grpc": f"{cfg.host}:{grpc_port}",
-                                  "http": f"{cfg.host}:{http_port}" if http_port else "off",
-                                  "version": package_version(definition.package)})
+    logger.info(
+        "serving",
+        extra={
+            "grpc": f"{cfg.host}:{grpc_port}",
+            "http": f"{cfg.host}:{http_port}" if http_port else "off",
+            "version": package_version(definition.package),
+        },
+    )
 
     stop_event = asyncio.Event()
 
@@ -300,8 +311,9 @@ def service_main(definition: ServiceDefinition, argv: Sequence[str] | None = Non
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     args = parser.parse_args(argv)
     try:
-        config = load_service_config(definition, args.config, args.overrides,
-                                     args.port, args.http_port, args.host)
+        config = load_service_config(
+            definition, args.config, args.overrides, args.port, args.http_port, args.host
+        )
     except ConfigError as exc:
         for line in exc.lines:
             print(f"rlfleet-{definition.name}: config error: {line}", file=sys.stderr)

@@ -19,7 +19,9 @@ class RolloutService(BaseService):
     def add_to_server(self, server: aio.Server) -> None:
         # The generated base servicer answers UNIMPLEMENTED for every RPC until the
         # service's own servicer replaces it.
-        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(rollout_pb2_grpc.RolloutServiceServicer(), server)
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(
+            rollout_pb2_grpc.RolloutServiceServicer(), server
+        )  # type: ignore[abstract]
 
 
 SERVICE = ServiceDefinition(

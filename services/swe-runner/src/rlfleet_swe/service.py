@@ -19,7 +19,9 @@ class SweRunnerService(BaseService):
     def add_to_server(self, server: aio.Server) -> None:
         # The generated base servicer answers UNIMPLEMENTED for every RPC until the
         # service's own servicer replaces it.
-        swe_pb2_grpc.add_SweRunnerServiceServicer_to_server(swe_pb2_grpc.SweRunnerServiceServicer(), server)
+        swe_pb2_grpc.add_SweRunnerServiceServicer_to_server(
+            swe_pb2_grpc.SweRunnerServiceServicer(), server
+        )  # type: ignore[abstract]
 
 
 SERVICE = ServiceDefinition(

@@ -19,7 +19,9 @@ class TrainerService(BaseService):
     def add_to_server(self, server: aio.Server) -> None:
         # The generated base servicer answers UNIMPLEMENTED for every RPC until the
         # service's own servicer replaces it.
-        trainer_pb2_grpc.add_TrainerServiceServicer_to_server(trainer_pb2_grpc.TrainerServiceServicer(), server)
+        trainer_pb2_grpc.add_TrainerServiceServicer_to_server(
+            trainer_pb2_grpc.TrainerServiceServicer(), server
+        )  # type: ignore[abstract]
 
 
 SERVICE = ServiceDefinition(

@@ -1,0 +1,125 @@
+"""The `rlfleet` command as a user runs it: a real process, its exit code and output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RLFLEET = str(Path(sys.executable).parent / "rlfleet")
+PACKAGES = [
+    "rlfleet",
+    "rlfleet-core",
+    "rlfleet-proto",
+    "rlfleet-trainer",
+    "rlfleet-rollout",
+    "rlfleet-reward",
+    "rlfleet-sandbox",
+    "rlfleet-swe",
+]
+
+
+def rlfleet(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [RLFLEET, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+
+
+def test_help_lists_the_commands() -> None:
+    result = rlfleet("--help")
+    assert result.returncode == 0
+    for command in ("serve", "run", "bench", "version"):
+        assert command in result.stdout
+
+
+def test_version_lists_every_package() -> None:
+    result = rlfleet("version")
+    assert result.returncode == 0
+    lines = dict(line.split() for line in result.stdout.splitlines())
+    assert sorted(lines) == sorted(PACKAGES)
+    assert all(v[0].isdigit() for v in lines.values()), lines
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["run", "grpo.lr=abc"],
+            "grpo.lr: expected a number, got 'abc' (from override grpo.lr=abc)",
+        ),
+        (["run", "grpo.lrr=1e-6"], "grpo.lrr: unknown key; did you mean grpo.lr?"),
+        (
+            ["run", "grpo.num_generations_per_prompt=1"],
+            "grpo.num_generations_per_prompt: input should be greater than or equal to 2",
+        ),
+        (
+            ["serve", "reward", "server.grace_s=soon"],
+            "server.grace_s: expected a number, got 'soon'",
+        ),
+        (
+            ["serve", "sandbox", "server.port=70000"],
+            "server.port: input should be less than or equal to 65535",
+        ),
+    ],
+)
+def test_bad_override_prints_one_line_naming_the_key(args: list[str], expected: str) -> None:
+    result = rlfleet(*args)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_service_names_the_choices() -> None:
+    result = rlfleet("serve", "nope", "--port", "0")
+    assert result.returncode == 2
+    assert "unknown service 'nope'; choose one of: " in result.stderr
+    assert "swe-runner" in result.stderr
+
+
+def test_bench_records_json_lines(tmp_path: Path) -> None:
+    bench_dir = tmp_path / "bench"
+    bench_dir.mkdir()
+    (bench_dir / "toy_speed.py").write_text(
+        "from rlfleet_core.bench import BenchResult\n"
+        "DESCRIPTION = 'toy'\n"
+        "def run(quick=False):\n"
+        "    n = 10 if quick else 100\n"
+        "    return [BenchResult('toy-speed', 'items_per_s', 3.0 * n, 'items/s', 2.0 * n, target=1.2, device='cpu: test')]\n"
+    )
+    env = {"RLFLEET_BENCH_DIR": str(bench_dir)}
+    listing = rlfleet("bench", env=env)
+    assert "toy-speed" in listing.stdout and "toy" in listing.stdout
+    result = rlfleet("bench", "toy-speed", "--json", "--quick", env=env)
+    assert result.returncode == 0, result.stderr
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert row["name"] == "toy-speed" and row["metric"] == "items_per_s"
+    assert (row["value"], row["baseline"], row["ratio"], row["target"]) == (30.0, 20.0, 1.5, 1.2)
+    assert row["device"] == "cpu: test" and row["unit"] == "items/s" and "timestamp" in row
+    recorded = (bench_dir / "results" / "toy-speed.jsonl").read_text().splitlines()
+    assert json.loads(recorded[0]) == row
+    missing = rlfleet("bench", "nope", env=env)
+    assert (
+        missing.returncode == 2
+        and "no benchmark 'nope'" in missing.stderr
+        and "toy-speed" in missing.stderr
+    )
+
+
+def test_bench_finds_the_repository_bench_folder() -> None:
+    repo = Path(__file__).resolve().parents[3]
+    result = rlfleet("bench", cwd=repo / "libs")
+    assert result.returncode == 0
+    assert "grpc-overhead" in result.stdout

@@ -1,0 +1,96 @@
+r"""`math`: answers checked for mathematical equivalence with math-verify.
+
+Row fields (NeMo-Gym math shape):
+- `expected_answer` (required): the gold answer, LaTeX or plain ("\frac{1}{2}", "0.5",
+  "\{1,2\}", "[0,1)").
+- `question` (optional): not used for grading; echoed back.
+
+The answer is taken from the last \boxed{} in the response, else math-verify's own
+final-answer extraction, else the last "Final answer: ..." / "The answer is ..." line.
+Equivalent forms score 1 (0.5 = \frac{1}{2}, {1,2} = {2,1}, 5\text{ cm} = 5).
+
+math-verify's built-in timeouts are switched off on purpose: on expiry they return
+False, which is exactly the silent 0 this gateway exists to avoid. The worker's own
+timeout turns a hang (e.g. 9^{9^{9^9}}) into an explicit TIMEOUT failure instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rlfleet_reward.environments.base import Environment, require_str
+from rlfleet_reward.text import final_answer_line, find_boxed
+from rlfleet_reward.types import Sample, Score, binary
+
+
+@dataclass(frozen=True)
+class MathSpec:
+    expected_answer: str
+
+
+def _as_latex(answer: str) -> str:
+    answer = answer.strip()
+    if "$" in answer or "\\boxed" in answer or "\\(" in answer or "\\[" in answer:
+        return answer
+    return f"${answer}$"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(expected: str) -> Any:
+    from math_verify import parse
+
+    return parse(_as_latex(expected), parsing_timeout=None)
+
+
+def _parse_answer(text: str) -> tuple[Any, str]:
+    """(parsed answer, the string it came from); an empty list when nothing parses."""
+    from math_verify import parse
+
+    boxed = find_boxed(text)
+    if boxed:
+        parsed = parse(f"${boxed[-1]}$", parsing_timeout=None)
+        if parsed:
+            return parsed, boxed[-1]
+    parsed = parse(text, parsing_timeout=None)
+    if parsed:
+        return parsed, str(parsed[-1])
+    line = final_answer_line(text)
+    if line:
+        parsed = parse(_as_latex(line), parsing_timeout=None)
+        if parsed:
+            return parsed, line
+    return [], ""
+
+
+def is_equivalent(expected: str, response_text: str) -> tuple[bool, str]:
+    """(equivalent?, extracted answer). Raises only on verifier bugs, never on bad text."""
+    from math_verify import verify
+
+    gold = _parse_gold(expected)
+    if not gold:
+        return False, ""
+    answer, extracted = _parse_answer(response_text)
+    if not answer:
+        return False, ""
+    return bool(verify(gold, answer, timeout_seconds=None)), extracted
+
+
+class MathEnvironment(Environment):
+    name: ClassVar[str] = "math"
+    description: ClassVar[str] = (
+        "Math answers (\\boxed{} or final-answer lines) checked for equivalence with math-verify.")
+    required_fields: ClassVar[tuple[str, ...]] = ("expected_answer",)
+    optional_fields: ClassVar[tuple[str, ...]] = ("question",)
+
+    def parse_row(self, row: Mapping[str, Any]) -> MathSpec:
+        return MathSpec(expected_answer=require_str(row, "expected_answer"))
+
+    def score(self, spec: MathSpec, sample: Sample) -> Score:
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
+        ok, extracted = is_equivalent(spec.expected_answer, sample.text)
+        verdict = "correct" if ok else ("wrong" if extracted else "no_answer")
+        return binary("correctness", ok, extracted_answer=extracted, verdict=verdict)
