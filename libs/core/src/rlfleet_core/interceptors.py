@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -29,26 +29,49 @@ logger = logging.getLogger(__name__)
 _QUIET_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
+class _MethodMetrics:
+    """Prometheus children of one method, resolved once (label lookups take a lock)."""
+
+    def __init__(self, service: str, method: str) -> None:
+        self.service = service
+        self.method = method
+        self.in_flight = GRPC_IN_FLIGHT.labels(service)
+        self.latency = GRPC_LATENCY.labels(service, method)
+        self._requests: dict[grpc.StatusCode, Any] = {}
+        self.quiet = method.startswith(_QUIET_PREFIXES)
+
+    def requests(self, code: grpc.StatusCode) -> Any:
+        child = self._requests.get(code)
+        if child is None:
+            child = self._requests[code] = GRPC_REQUESTS.labels(
+                self.service, self.method, code.name
+            )
+        return child
+
+
 class _Call:
     """Bookkeeping for one RPC."""
 
-    def __init__(self, service: str, method: str, context: aio.ServicerContext[Any, Any]) -> None:
-        self.service = service
-        self.method = method
-        self.context = context
+    def __init__(self, metrics: _MethodMetrics, context: aio.ServicerContext[Any, Any]) -> None:
+        self.metrics = metrics
+        self.method = metrics.method
         self.start = time.perf_counter()
-        metadata = dict(context.invocation_metadata() or ())
-        self.request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex[:16])
-        self.token = request_id_var.set(self.request_id)
-        GRPC_IN_FLIGHT.labels(service).inc()
+        request_id = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-request-id":
+                request_id = str(value)
+                break
+        self.token = request_id_var.set(request_id or os.urandom(8).hex())
+        metrics.in_flight.inc()
 
     def finish(self, code: grpc.StatusCode) -> None:
         elapsed = time.perf_counter() - self.start
-        GRPC_IN_FLIGHT.labels(self.service).dec()
-        GRPC_REQUESTS.labels(self.service, self.method, code.name).inc()
-        GRPC_LATENCY.labels(self.service, self.method).observe(elapsed)
-        if not self.method.startswith(_QUIET_PREFIXES):
-            level = logging.DEBUG if code == grpc.StatusCode.OK else logging.INFO
+        metrics = self.metrics
+        metrics.in_flight.dec()
+        metrics.requests(code).inc()
+        metrics.latency.observe(elapsed)
+        level = logging.DEBUG if code == grpc.StatusCode.OK else logging.INFO
+        if not metrics.quiet and logger.isEnabledFor(level):
             logger.log(
                 level,
                 "rpc done",
@@ -70,6 +93,14 @@ class ServerInterceptor(aio.ServerInterceptor):
         self.service = service
         self.default_timeout_s = default_timeout_s
         self.max_timeout_s = max_timeout_s
+        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
+        self._metrics: dict[str, _MethodMetrics] = {}
+
+    def _method_metrics(self, method: str) -> _MethodMetrics:
+        metrics = self._metrics.get(method)
+        if metrics is None:
+            metrics = self._metrics[method] = _MethodMetrics(self.service, method)
+        return metrics
 
     def _budget(self, context: aio.ServicerContext[Any, Any], streaming: bool) -> float:
         remaining = context.time_remaining()
@@ -102,6 +133,17 @@ class ServerInterceptor(aio.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method
+        # Servicers register fixed handlers, so wrap each once instead of on every call.
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary, streaming_in=False),
@@ -128,7 +170,7 @@ class ServerInterceptor(aio.ServerInterceptor):
 
     def _wrap_unary(self, method: str, behavior: Any, streaming_in: bool) -> Any:
         async def wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-            call = _Call(self.service, method, context)
+            call = _Call(self._method_metrics(method), context)
             code = grpc.StatusCode.OK
             try:
                 async with asyncio.timeout(self._budget(context, streaming=streaming_in)):
@@ -156,7 +198,7 @@ class ServerInterceptor(aio.ServerInterceptor):
         async def wrapper(
             request: Any, context: aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
-            call = _Call(self.service, method, context)
+            call = _Call(self._method_metrics(method), context)
             code = grpc.StatusCode.OK
             try:
                 async with asyncio.timeout(self._budget(context, streaming=True)):

@@ -1,0 +1,16 @@
+# rlfleet trainer service. Built by deploy/docker/build-images.sh, which prepares the
+# context: wheels/ (our packages + local-only wheels), requirements.txt (uv.lock pins), ca.pem.
+FROM rlfleet/base:bookworm
+COPY ca.pem /etc/ssl/certs/build-ca.pem
+COPY requirements.txt /build/requirements.txt
+COPY wheels /build/wheels
+RUN python3 -m venv /opt/rlfleet \
+ && PIP_CERT=/etc/ssl/certs/build-ca.pem /opt/rlfleet/bin/pip install --no-cache-dir -q \
+      --find-links /build/wheels -r /build/requirements.txt \
+ && /opt/rlfleet/bin/pip install --no-cache-dir -q --no-deps /build/wheels/rlfleet_*.whl \
+ && rm -rf /build /etc/ssl/certs/build-ca.pem
+ENV PATH=/opt/rlfleet/bin:$PATH PYTHONUNBUFFERED=1
+EXPOSE 50051 8000
+HEALTHCHECK --interval=5s --timeout=4s --start-period=120s --retries=3 \
+  CMD ["python", "-m", "rlfleet_core.healthcheck", "127.0.0.1:50051"]
+CMD ["rlfleet-trainer", "--host", "0.0.0.0", "--port", "50051", "--http-port", "8000"]
