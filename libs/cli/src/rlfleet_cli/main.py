@@ -118,6 +118,67 @@ def run(
     )
 
 
+data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
+prep_app = typer.Typer(
+    help="Turn a blend into train/val splits with a manifest.", no_args_is_help=True
+)
+app.add_typer(data_app, name="data")
+data_app.add_typer(prep_app, name="prep")
+
+
+@prep_app.command("rl")
+def prep_rl(
+    blend: Annotated[
+        str, typer.Argument(help="JSONL file, directory of JSONL files, or a bundled blend name.")
+    ],
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Output root; writes <out>/<blend>/.")
+    ] = Path("data"),
+    sample: Annotated[int | None, typer.Option(help="Keep a seeded random N rows.")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild an already prepared blend.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed for --sample and --low-effort-fraction.")] = 0,
+    val_rows: Annotated[int, typer.Option(help="Last rows held out for validation.")] = 100,
+    low_effort_fraction: Annotated[
+        float, typer.Option(help="Fraction of train prompts in low-effort mode.")
+    ] = 0.0,
+    reasoning: Annotated[str, typer.Option(help="Reasoning control: keep, on or off.")] = "keep",
+    token_budget: Annotated[
+        int | None, typer.Option(help="Max generated tokens per prompt.")
+    ] = None,
+) -> None:
+    """Fill placeholders, validate NeMo-Gym rows, split train/val (last rows held out) and
+    write <out>/<blend>/{train,val}/data.jsonl plus manifest.json (rows, hashes, env mix)."""
+    from rich.progress import Progress
+    from rlfleet_core.data import DataError
+
+    from rlfleet_cli.data_prep import PrepOptions, prepare_rl
+
+    if reasoning not in ("keep", "on", "off"):
+        raise fail(f"--reasoning: expected keep, on or off, got {reasoning!r}")
+    options = PrepOptions(
+        out=out_dir,
+        sample=sample,
+        seed=seed,
+        val_rows=val_rows,
+        force=force,
+        low_effort_fraction=low_effort_fraction,
+        reasoning=reasoning,  # type: ignore[arg-type]
+        token_budget=token_budget,
+    )
+    try:
+        with Progress(console=err, transient=True) as progress:
+            task = progress.add_task(f"preparing {blend}", total=None)
+            prepared, manifest = prepare_rl(
+                blend, options, advance=lambda n: progress.advance(task, n)
+            )
+    except DataError as exc:
+        raise fail(str(exc)) from None
+    for split, info in manifest.splits.items():
+        mix = ", ".join(f"{env} {n}" for env, n in info["env_mix"].items())
+        path = prepared / split / "data.jsonl"
+        out.print(f"{split:<5} {info['rows']:>6} rows  {path}  ({mix})")
+
+
 @app.command()
 def bench(
     name: Annotated[str | None, typer.Argument(help="Benchmark to run; omit to list them.")] = None,

@@ -1,0 +1,167 @@
+"""RL data blends: NeMo-Gym-shaped JSONL rows, their validation, the train/val split and
+the manifest that lineage records.
+
+A row carries `responses_create_params` (OpenAI Responses create params whose `input`
+holds the prompt messages), an environment reference (`env`, or NeMo-Gym's
+`agent_ref.name`) and the environment's verification fields (`expected_answer`,
+`schema_str`, ...). Published blends also ship *placeholder* rows, filled at prep time
+from a local copy of the data they reference (`_placeholder: {source: ..., ...}`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+PLACEHOLDER_KEY = "_placeholder"
+
+
+class DataError(ValueError):
+    """A blend cannot be prepared; the message names the file, line and field."""
+
+
+@dataclass
+class SourceRow:
+    path: Path
+    lineno: int
+    row: Row
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.lineno}"
+
+
+def env_of(row: Row) -> str:
+    """The environment a row is scored by: `env`, else `agent_ref.name`; '' if neither."""
+    env = row.get("env")
+    if isinstance(env, str) and env:
+        return env
+    ref = row.get("agent_ref")
+    if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+        return str(ref["name"])
+    return ""
+
+
+def prompt_messages(row: Row) -> list[dict[str, Any]]:
+    """The prompt as chat messages (a plain-string `input` becomes one user message)."""
+    params = row.get("responses_create_params")
+    if not isinstance(params, dict):
+        raise DataError("responses_create_params: missing or not an object")
+    raw = params.get("input")
+    if isinstance(raw, str) and raw.strip():
+        return [{"role": "user", "content": raw}]
+    if isinstance(raw, list) and raw and all(isinstance(m, dict) and "role" in m for m in raw):
+        return raw
+    raise DataError(
+        "responses_create_params.input: expected a non-empty string or list of messages with a role"
+    )
+
+
+def row_problems(row: Row) -> list[str]:
+    """What is wrong with a (filled) row, as 'field: problem' strings; empty if fine."""
+    problems = []
+    if not env_of(row):
+        problems.append("env: missing (set `env` or `agent_ref.name`)")
+    try:
+        prompt_messages(row)
+    except DataError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def read_blend(path: Path) -> Iterator[SourceRow]:
+    """Rows of a JSONL file, or of every *.jsonl under a directory (sorted, recursive)."""
+    if not path.exists():
+        raise DataError(f"{path}: no such file or directory")
+    files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    if not files:
+        raise DataError(f"{path}: no *.jsonl files in this directory")
+    for file in files:
+        with file.open() as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{file}:{lineno}: invalid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(
+                        f"{file}:{lineno}: expected a JSON object, got {type(row).__name__}"
+                    )
+                yield SourceRow(file, lineno, row)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def split_train_val(rows: list[Row], val_rows: int) -> tuple[list[Row], list[Row]]:
+    """The last `val_rows` rows are held out, as the published recipe does."""
+    if val_rows < 0:
+        raise DataError(f"val_rows ({val_rows}) must be >= 0")
+    if len(rows) <= val_rows:
+        raise DataError(
+            f"the blend has {len(rows)} rows, not more than the {val_rows} held out for validation; "
+            "add rows or lower --val-rows"
+        )
+    cut = len(rows) - val_rows
+    return rows[:cut], rows[cut:]
+
+
+@dataclass
+class Manifest:
+    blend: str
+    sources: dict[str, str]
+    """Input file → sha256."""
+    splits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """split → {rows, sha256, env_mix}."""
+    options: dict[str, Any] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    """reason → rows dropped, so nothing disappears silently."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "blend": self.blend,
+            "sources": self.sources,
+            "splits": self.splits,
+            "options": self.options,
+            "dropped": self.dropped,
+        }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def write_split(out_dir: Path, split: str, rows: Iterable[Row]) -> dict[str, Any]:
+    rows = list(rows)
+    path = out_dir / split / "data.jsonl"
+    _write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return {
+        "rows": len(rows),
+        "sha256": sha256_file(path),
+        "env_mix": dict(sorted(Counter(env_of(r) for r in rows).items())),
+    }
+
+
+def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
+    path = out_dir / "manifest.json"
+    _write_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
+    return path
