@@ -81,7 +81,7 @@ def test_sample_low_effort_and_generation_controls(tmp_path: Path) -> None:
         token_budget=64,
         seed=3,
     )
-    out, manifest = prepare_rl(str(blend), options)
+    out, _ = prepare_rl(str(blend), options)
     train = read(out / "train" / "data.jsonl")
     assert len(train) == 10
     low = [r for r in train if r.get("env") == "low_effort"]

@@ -41,7 +41,7 @@ def indexed(source: str, env: str, indices: range) -> list[dict[str, object]]:
     ]
 
 
-BLENDS = {
+BLENDS: dict[str, list[dict[str, object]]] = {
     "tiny-mix": [
         *reasoning_gym("basic_arithmetic", 150, seed=1, config=EASY_ARITHMETIC),
         *reasoning_gym("leg_counting", 50, seed=2),
