@@ -98,6 +98,46 @@ def serve(
 
 
 @app.command()
+def up(
+    services: Annotated[str, typer.Option(help="Comma-separated services to start.")] = ",".join(
+        KNOWN_SERVICES
+    ),
+    run_dir: Annotated[Path, typer.Option(help="Where service logs go.")] = Path("runs/up"),
+) -> None:
+    """Start services locally on free loopback ports, print their addresses, and keep them
+    running until Ctrl-C (then stop them gracefully)."""
+    import signal as _signal
+    import threading
+
+    from rlfleet_cli.fleet import FleetError, LocalFleet
+
+    stop = threading.Event()
+    for sig in (_signal.SIGTERM, _signal.SIGINT):  # explicit: SIGINT may arrive ignored
+        _signal.signal(sig, lambda *_: stop.set())
+    try:
+        with err.status("starting services..."):
+            fleet = LocalFleet([s.strip() for s in services.split(",") if s.strip()], run_dir)
+            fleet.start()
+    except FleetError as exc:
+        raise fail(str(exc), code=1) from None
+    table = Table(title="rlfleet services (Ctrl-C to stop)")
+    for column in ("service", "gRPC", "HTTP", "log"):
+        table.add_column(column)
+    for proc in fleet.processes.values():
+        table.add_row(
+            proc.name, proc.target, f"http://127.0.0.1:{proc.http_port}", str(proc.log_path)
+        )
+    out.print(table)
+    while not stop.wait(0.5):
+        dead = [p.name for p in fleet.processes.values() if p.process.poll() is not None]
+        if dead:
+            err.print(f"[bold red]rlfleet:[/] {', '.join(dead)} exited; stopping the rest")
+            break
+    codes = fleet.stop()
+    err.print("stopped: " + ", ".join(f"{name} ({code})" for name, code in codes.items()))
+
+
+@app.command()
 def run(
     out_dir: Annotated[Path, typer.Option("--out", help="Run folder.")] = Path("runs/tiny"),
     resume: Annotated[bool, typer.Option(help="Continue the run in --out.")] = False,

@@ -15,7 +15,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 # Easy, learnable-by-a-small-model reasoning-gym settings for the tiny pipeline.
-EASY_ARITHMETIC: dict[str, object] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+EASY_ARITHMETIC: dict[str, object] = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+}
 
 
 def reasoning_gym(

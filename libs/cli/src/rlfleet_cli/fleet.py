@@ -1,0 +1,165 @@
+"""Starts rlfleet services as local processes on loopback and stops them cleanly.
+
+Used by `rlfleet up` and `rlfleet run`. Each service runs in its own process (and
+process session, so Ctrl-C in the terminal reaches only the supervisor, which then
+stops the services in order), logs to <run_dir>/logs/<service>.log, and is considered
+up once the standard gRPC health check answers SERVING.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+from rlfleet_core.client import check_health
+
+# Start order: dependencies first (the reward gateway calls the sandbox).
+START_ORDER = ("sandbox", "reward", "rollout", "swe-runner", "trainer")
+
+
+class FleetError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    port: int
+    http_port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class LocalFleet:
+    """`with LocalFleet(["reward", "sandbox"], run_dir) as fleet: fleet.target("reward")`."""
+
+    def __init__(
+        self,
+        services: Sequence[str],
+        run_dir: Path,
+        overrides: dict[str, list[str]] | None = None,
+        start_timeout_s: float = 600.0,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
+        unknown = [s for s in services if s not in START_ORDER]
+        if unknown:
+            raise FleetError(f"unknown service(s) {unknown}; choose from {', '.join(START_ORDER)}")
+        self.services = sorted(set(services), key=START_ORDER.index)
+        self.run_dir = run_dir
+        self.overrides = overrides or {}
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.processes: dict[str, ServiceProcess] = {}
+
+    def target(self, service: str) -> str:
+        return self.processes[service].target
+
+    def _spawn(self, name: str) -> ServiceProcess:
+        port, http_port = free_port(), free_port()
+        log_dir = self.run_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"{name}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "rlfleet_cli.main",
+            "serve",
+            name,
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            *self.overrides.get(name, []),
+        ]
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return ServiceProcess(name, port, http_port, log_path, process)
+
+    def _wait_serving(self, proc: ServiceProcess) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            code = proc.process.poll()
+            if code is not None:
+                raise FleetError(
+                    f"{proc.name} exited with code {code} while starting; "
+                    f"last log lines ({proc.log_path}):\n{proc.log_tail()}"
+                )
+            try:
+                last = check_health(proc.target, timeout_s=2.0)
+                if last == "SERVING":
+                    return
+            except grpc.RpcError as exc:
+                last = exc.code().name
+            time.sleep(0.2)
+        raise FleetError(
+            f"{proc.name} not SERVING after {self.start_timeout_s:.0f}s (last: {last}); "
+            f"see {proc.log_path}"
+        )
+
+    def start(self) -> None:
+        try:
+            for name in self.services:
+                proc = self.processes[name] = self._spawn(name)
+                self._wait_serving(proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM in reverse start order, then SIGKILL what outlives the timeout."""
+        for proc in reversed(list(self.processes.values())):
+            if proc.process.poll() is None:
+                proc.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        codes: dict[str, int | None] = {}
+        for name, proc in self.processes.items():
+            try:
+                codes[name] = proc.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.process.pid, signal.SIGKILL)
+                codes[name] = proc.process.wait()
+        return codes
+
+    def __enter__(self) -> LocalFleet:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
