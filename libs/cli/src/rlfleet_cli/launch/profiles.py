@@ -1,0 +1,123 @@
+"""`env.toml` run profiles: `rlfleet rl <stage> --run <profile>` picks one.
+
+    [local]
+    launcher = "local"
+
+    [compose]
+    launcher = "compose"
+
+    [my-cluster]
+    launcher = "slurm"
+    account = "llm"
+    partition = "batch"
+    gpus_per_node = 8
+    mounts = ["/lustre:/lustre"]
+    [my-cluster.images]
+    trainer = "/lustre/images/rlfleet-trainer.sqsh"
+
+The file is looked up as ./env.toml, then ~/.config/rlfleet/env.toml; `local` and
+`compose` exist even without one.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError
+from rlfleet_core.config import ConfigError, ConfigModel, format_validation_error
+
+SERVICES = ("trainer", "rollout", "reward", "sandbox", "swe-runner")
+
+
+class LocalProfile(ConfigModel):
+    launcher: Literal["local"] = "local"
+
+
+class ComposeProfile(ConfigModel):
+    launcher: Literal["compose"] = "compose"
+    compose_file: str = "deploy/compose/compose.yaml"
+    project_name: str = "rlfleet"
+
+
+class NodeCounts(ConfigModel):
+    """Nodes per service in the heterogeneous job (CPU-only services share CPU nodes)."""
+
+    trainer: int = Field(1, ge=1)
+    rollout: int = Field(1, ge=1)
+    reward: int = Field(1, ge=1)
+    sandbox: int = Field(1, ge=0)
+    """0 = run the sandbox on the reward nodes."""
+    swe_runner: int = Field(0, ge=0)
+    """0 = no SWE runner (RLVR/RLHF stages)."""
+
+
+class SlurmProfile(ConfigModel):
+    launcher: Literal["slurm"] = "slurm"
+    account: str
+    partition: str
+    cpu_partition: str | None = None
+    """Partition for CPU-only services (reward, sandbox, swe-runner); default `partition`."""
+    time: str = "04:00:00"
+    gpus_per_node: int = Field(8, ge=1)
+    nodes: NodeCounts = NodeCounts()
+    container_runtime: Literal["pyxis", "apptainer"] = "pyxis"
+    """pyxis: srun --container-image (enroot squashfs); apptainer: `apptainer exec <.sif>`."""
+    images: dict[str, str] = Field(default_factory=dict)
+    """Per-service image: .sqsh / docker:// URI for pyxis, .sif path for apptainer."""
+    mounts: list[str] = Field(default_factory=list)
+    """host:container bind mounts (shared filesystem for checkpoints and data)."""
+    job_dir: str = "runs/slurm"
+    """Where the job writes logs and the service address file (must be shared)."""
+    grpc_port: int = 50051
+
+
+Profile = LocalProfile | ComposeProfile | SlurmProfile
+LAUNCHERS: dict[str, type[Profile]] = {
+    "local": LocalProfile,
+    "compose": ComposeProfile,
+    "slurm": SlurmProfile,
+}
+BUILTIN: dict[str, Profile] = {"local": LocalProfile(), "compose": ComposeProfile()}
+
+
+def find_env_toml(explicit: Path | None = None) -> Path | None:
+    if explicit is not None:
+        return explicit
+    for candidate in (Path("env.toml"), Path.home() / ".config" / "rlfleet" / "env.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_profile(name: str, env_toml: Path | None = None) -> Profile:
+    path = find_env_toml(env_toml)
+    profiles: dict[str, object] = {}
+    if path is not None:
+        try:
+            profiles = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError([f"{path}: {exc}"]) from None
+    if name not in profiles:
+        if name in BUILTIN:
+            return BUILTIN[name]
+        known = sorted({*profiles, *BUILTIN})
+        raise ConfigError(
+            [
+                f"--run {name}: no such profile in {path or 'env.toml (none found)'}; "
+                f"known: {', '.join(known)}"
+            ]
+        )
+    table = profiles[name]
+    launcher = table.get("launcher") if isinstance(table, dict) else None
+    if launcher not in LAUNCHERS:
+        raise ConfigError(
+            [f"{path} [{name}] launcher: expected one of {', '.join(LAUNCHERS)}, got {launcher!r}"]
+        )
+    model = LAUNCHERS[launcher]
+    try:
+        return model.model_validate(table)
+    except ValidationError as exc:
+        lines = format_validation_error(exc, model)
+        raise ConfigError([f"{path} [{name}] {line}" for line in lines]) from None
