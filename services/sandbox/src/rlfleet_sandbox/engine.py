@@ -1,0 +1,130 @@
+"""The sandbox engine: what both faces (gRPC, HTTP) call. It routes a run to the warm
+pool or to a session, and turns raw facts into an `ExecResult`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from rlfleet_core.errors import InvalidArgument
+
+from rlfleet_sandbox.config import SandboxServiceConfig
+from rlfleet_sandbox.metrics import EXECUTION_SECONDS, EXECUTIONS
+from rlfleet_sandbox.models import (
+    ExecRequest,
+    ExecResult,
+    Language,
+    RunFacts,
+    RunLimits,
+    Status,
+    classify,
+    resolve_limits,
+)
+from rlfleet_sandbox.pool import WarmPool
+from rlfleet_sandbox.sandbox import RawRun, SandboxSpec
+from rlfleet_sandbox.sessions import RESET_NOTE, Session, SessionManager
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    idle_timeout_s: float
+    idle_s: float
+    calls: int
+    created_unix_s: float
+
+
+class SandboxEngine:
+    def __init__(self, config: SandboxServiceConfig) -> None:
+        self.config = config
+        self._spec = SandboxSpec.from_config(config.isolation)
+        self.pool = WarmPool(self._spec, config.pool)
+        self.sessions = SessionManager(self._spec, config.sessions)
+
+    async def start(self) -> None:
+        await self.pool.start()
+        await self.sessions.start()
+
+    async def stop(self) -> None:
+        await self.sessions.stop()
+        await self.pool.stop()
+
+    def limits(self, requested: dict[str, float]) -> RunLimits:
+        return resolve_limits(requested, self.config.limits)
+
+    async def execute(self, request: ExecRequest) -> ExecResult:
+        """Run one program (or one session cell) and say how it went."""
+        if not request.code.strip():
+            raise InvalidArgument("code", "is empty")
+        start = time.monotonic()
+        lost = False
+        if request.session_id:
+            if request.language is not Language.PYTHON:
+                raise InvalidArgument("language", f"sessions run Python only, got {request.language.value}")
+            raw, lost = await self.sessions.run(request.session_id, request, self.config.pool.kill_grace_s)
+            mode = "session"
+        else:
+            raw = await self.pool.run(request)
+            mode = "oneshot"
+        result = to_result(raw, request.limits)
+        if lost:
+            result.stderr += RESET_NOTE
+            result.extra["session_reset"] = True
+        EXECUTIONS.labels(request.language.value, mode, result.status.value).inc()
+        EXECUTION_SECONDS.labels(mode).observe(time.monotonic() - start)
+        return result
+
+    async def create_session(self, limits: RunLimits, idle_timeout_s: float,
+                             session_id: str | None = None) -> Session:
+        return await self.sessions.create(limits, idle_timeout_s, session_id)
+
+    async def close_session(self, session_id: str) -> bool:
+        return await self.sessions.close(session_id)
+
+    def list_sessions(self) -> list[SessionInfo]:
+        now = time.monotonic()
+        return [SessionInfo(s.session_id, s.idle_timeout_s, now - s.last_used, s.calls, s.created)
+                for s in self.sessions.list()]
+
+
+def to_result(raw: RawRun, limits: RunLimits) -> ExecResult:
+    """ExecResult from what the runner reported and what the service saw."""
+    overflow = raw.stdout_overflow or raw.stderr_overflow
+    report = raw.report
+    if report is None:
+        # No report: the service killed the sandbox past the deadline (TIMEOUT), or it
+        # died under the program (e.g. the program killed its runner): the program's fault
+        # unless it never started.
+        if raw.backstop_killed:
+            status = Status.OUTPUT_LIMIT if overflow else Status.TIMEOUT
+        else:
+            status = Status.ERROR if raw.wall_s > 0 else Status.SANDBOX_ERROR
+        stderr = raw.stderr
+        if status is Status.ERROR:
+            stderr += b"\n[sandbox] the sandbox ended before the program did (was its runner killed?)\n"
+        return ExecResult(status, raw.stdout, stderr, exit_code=-1, signal=9, wall_time_s=raw.wall_s,
+                          stdout_truncated=raw.stdout_overflow, stderr_truncated=raw.stderr_overflow)
+    facts = RunFacts(
+        exit_code=int(report.get("exit_code", -1)),
+        signal=int(report.get("signal", 0)),
+        cpu_s=float(report.get("cpu_s", 0.0)),
+        timed_out=bool(report.get("timed_out")),
+        memory_error=bool(report.get("memory_error")),
+        output_overflow=overflow,
+        stderr_tail=raw.stderr[-512:],
+    )
+    return ExecResult(
+        status=classify(facts, limits),
+        stdout=raw.stdout,
+        stderr=raw.stderr,
+        exit_code=facts.exit_code,
+        signal=facts.signal,
+        wall_time_s=float(report.get("wall_s", raw.wall_s)),
+        cpu_time_s=facts.cpu_s,
+        stdout_truncated=raw.stdout_overflow,
+        stderr_truncated=raw.stderr_overflow,
+        extra={"max_rss_kb": int(report.get("max_rss_kb", 0))},
+    )

@@ -1,0 +1,450 @@
+"""The program that runs *inside* every sandbox (stdlib only; never imported by the service
+at run time — its source is handed to `python3 -I -c` inside bubblewrap).
+
+Why a resident runner: starting an interpreter costs ~15 ms of CPU, more than most
+snippets. The runner starts once per sandbox ahead of demand (the warm pool) and then:
+
+* one-shot mode (`oneshot`): for each request it forks a child that becomes the program
+  (Python code is exec'd in the already-initialised interpreter; bash is exec'd), waits
+  for it with a wall-clock deadline, kills every other process of the sandbox, wipes the
+  writable places and reports. The runner itself never sees the program's code, files,
+  stdin or output: the child reads its payload from a pipe the service passes with
+  SCM_RIGHTS, so a later child forked from the same runner cannot find an earlier
+  program's data in its copy of the runner's memory.
+* session mode (`session`): cells run in the runner process itself, in one persistent
+  namespace, so variables survive between calls (an ipython-like kernel).
+
+Wire protocol on the control socket (AF_UNIX SOCK_SEQPACKET, one JSON object per
+message): runner → service `{"op": "ready"}` once, then one `{"op": "done", ...}` per
+run; service → runner `{"op": "run", ...}` carrying the fds [payload, stdin, stdout,
+stderr], or `{"op": "kill"}` to stop the current run (one-shot mode only).
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import base64
+import contextlib
+import ctypes
+import gc
+import json
+import math
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+import types
+from typing import Any, NoReturn
+
+WORK_DIR = "/tmp/work"
+"""The program's cwd and HOME; recreated empty for every one-shot run."""
+SCRATCH_DIRS = ("/tmp", "/dev/shm")
+"""Writable places that are wiped after every one-shot run."""
+MAX_MESSAGE_BYTES = 1 << 16
+PR_SET_DUMPABLE = 4
+KEYCTL_CLEAR = 7
+KEY_SPEC_USER_KEYRING = -4
+KEY_SPEC_USER_SESSION_KEYRING = -5
+SYS_KEYCTL = 250  # x86-64
+IPC_RMID = 0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class CellTimeout(BaseException):
+    """Raised inside a session cell when its wall-clock limit passes (state is kept)."""
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def apply_limits(limits: dict[str, Any], session: bool = False) -> None:
+    """rlimits for the program. A forked one-shot child starts with zero CPU used: soft
+    limit = SIGXCPU, hard = SIGKILL a second later. A session's runner lives on, so its
+    CPU hard limit stays open and each cell moves the soft limit (see `run_cell`)."""
+    cpu = math.ceil(limits["cpu_time_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, resource.RLIM_INFINITY if session else cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"],) * 2)
+    # The runner (the sandbox's init) runs under the same uid and counts too.
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"] + 1,) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["max_file_size_bytes"],) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # No POSIX message queues: they would outlive the program inside a reused sandbox.
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+
+
+def write_files(files: list[dict[str, Any]]) -> None:
+    for item in files:
+        path = os.path.join(WORK_DIR, item["path"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(base64.b64decode(item["content"]))
+        if item.get("executable"):
+            os.chmod(path, 0o755)
+
+
+def compile_cell(code: str, interactive: bool) -> list[types.CodeType]:
+    """Code objects for `code`; with `interactive`, a trailing expression is compiled in
+    'single' mode so its value is echoed like IPython's Out[] (via sys.displayhook)."""
+    if not interactive:
+        return [compile(code, "<string>", "exec")]
+    tree = ast.parse(code, "<cell>", "exec")
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Interactive(body=[tree.body.pop()])
+        return [compile(tree, "<cell>", "exec"), compile(last, "<cell>", "single")]
+    return [compile(tree, "<cell>", "exec")]
+
+
+def run_python(code: str, namespace: dict[str, Any], interactive: bool) -> tuple[int, str]:
+    """Exec `code` as `python -c` would. Returns (exit code, kind of uncaught error:
+    "" for none or an ordinary exception, "memory" or "timeout")."""
+    try:
+        for obj in compile_cell(code, interactive):
+            exec(obj, namespace)
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0, ""
+        if isinstance(exc.code, int):
+            return exc.code, ""
+        print(exc.code, file=sys.stderr)
+        return 1, ""
+    except BaseException as exc:  # the program's own error: show it as Python would
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        with contextlib.suppress(OSError, ValueError):  # stderr may be closed (output cap)
+            traceback.print_exception(type(exc), exc, tb)
+        kind = "memory" if isinstance(exc, MemoryError) else ""
+        return 1, "timeout" if isinstance(exc, CellTimeout) else kind
+    return 0, ""
+
+
+def become_program(request: dict[str, Any], fds: list[int], notes: int) -> NoReturn:
+    """In the forked child: set up fds, work dir and limits, then run the program; never
+    returns (bash replaces the process, Python ends in `exit_program`)."""
+    payload_fd, stdin_fd, stdout_fd, stderr_fd = fds
+    os.setsid()
+    for target, fd in ((0, stdin_fd), (1, stdout_fd), (2, stderr_fd)):
+        os.dup2(fd, target)
+    payload = json.loads(read_all(payload_fd))
+    close_fds_except(notes)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    os.chdir(WORK_DIR)
+    try:
+        write_files(payload["files"])
+    except OSError as exc:
+        print(f"sandbox: cannot write input file: {exc}", file=sys.stderr)
+        exit_program(1)
+    apply_limits(request["limits"])
+    if request["language"] == "bash":
+        script = os.memfd_create("script", 0)
+        os.write(script, payload["code"].encode())
+        os.lseek(script, 0, os.SEEK_SET)
+        os.set_inheritable(script, True)
+        os.execve("/bin/bash", ["bash", f"/proc/self/fd/{script}"], dict(os.environ))
+    sys.argv = ["-c"]
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    exit_code, kind = run_python(payload["code"], main.__dict__, interactive=False)
+    if kind:
+        os.write(notes, kind.encode())
+    exit_program(exit_code)
+
+
+def exit_program(exit_code: int) -> NoReturn:
+    """End the forked program as the interpreter would (join non-daemon threads, run
+    atexit, flush) but skip finalisation: tearing down every module of a forked
+    interpreter touches its copy-on-write pages and costs ~25 ms of CPU, more than the
+    typical program."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            exit_code = exit_code or 120  # what CPython returns when the final flush fails
+    os._exit(exit_code & 0xFF)
+
+
+def close_fds_except(keep: int) -> None:
+    """Close every fd above 2 but `keep` (listing them: closing all 65536 numbers one
+    by one costs ~15 ms)."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def kill_all() -> None:
+    """SIGKILL every process of the sandbox but the runner (as init, it is exempt)."""
+    with contextlib.suppress(ProcessLookupError):  # nothing left to kill
+        os.kill(-1, signal.SIGKILL)
+
+
+def kill_others() -> None:
+    """Kill every process in this sandbox but the runner (its init, pid 1); retried
+    because a fork bomb forks between our kill and our look at /proc. As init, the runner
+    inherits every orphan, so reaping here also clears their zombies."""
+    me = os.getpid()
+    for _ in range(200):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        alive = []
+        for pid_s in others:
+            try:
+                with open(f"/proc/{pid_s}/stat") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid_s)
+            except OSError:
+                pass
+        if not alive:
+            return
+        time.sleep(0.001)
+    raise RuntimeError("could not kill the program's processes")
+
+
+def wipe(path: str) -> None:
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        try:
+            if os.path.isdir(full) and not os.path.islink(full):
+                os.chmod(full, 0o700)
+                wipe(full)
+                os.rmdir(full)
+            else:
+                os.unlink(full)
+        except FileNotFoundError:
+            pass
+
+
+def clear_ipc() -> None:
+    """Remove SysV IPC objects and keyring contents the program left: both outlive
+    processes and would be visible to the next program in this sandbox."""
+    for kind, ctl in (("shm", "shmctl"), ("msg", "msgctl"), ("sem", "semctl")):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            ipc_id = int(row.split()[1])
+            if kind == "sem":
+                getattr(_libc, ctl)(ipc_id, 0, IPC_RMID, 0)
+            else:
+                getattr(_libc, ctl)(ipc_id, IPC_RMID, None)
+    for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        _libc.syscall(SYS_KEYCTL, KEYCTL_CLEAR, keyring)
+
+
+def scrub(baseline_limits: list[tuple[int, int]]) -> bool:
+    """Make the sandbox as the next program expects it; False if it cannot be trusted
+    (e.g. the program lowered the runner's own rlimits with prlimit)."""
+    kill_others()
+    for path in SCRATCH_DIRS:
+        wipe(path)
+    clear_ipc()
+    os.mkdir(WORK_DIR, 0o755)
+    return current_limits() == baseline_limits
+
+
+def current_limits() -> list[tuple[int, int]]:
+    return [resource.getrlimit(getattr(resource, name)) for name in dir(resource)
+            if name.startswith("RLIMIT_")]
+
+
+def supervise(sock: socket.socket, child: int, timeout_s: float) -> dict[str, Any]:
+    """Wait for the child with a wall-clock deadline, or until the service asks to kill."""
+    pidfd = os.pidfd_open(child)
+    start = time.monotonic()
+    deadline = start + timeout_s
+    timed_out = killed = False
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(sock, select.POLLIN)
+    while True:
+        wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        events = dict(poller.poll(wait_ms))
+        if pidfd in events:
+            break
+        if sock.fileno() in events:
+            message = sock.recv(MAX_MESSAGE_BYTES)
+            if not message:  # the service is gone
+                kill_all()
+                sys.exit(0)
+            killed = True
+        elif time.monotonic() >= deadline:
+            timed_out = True
+        if killed or timed_out:
+            kill_all()
+            break
+    _pid, status, usage = os.wait4(child, 0)
+    os.close(pidfd)
+    return {
+        "wall_s": time.monotonic() - start,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "max_rss_kb": usage.ru_maxrss,
+        "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else -1,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0,
+        "timed_out": timed_out,
+        "killed": killed,
+    }
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    try:
+        message, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE_BYTES, 8)
+    except ConnectionResetError:
+        return None
+    if not message:
+        return None
+    return json.loads(message), fds
+
+
+def serve_oneshot(sock: socket.socket) -> None:
+    """Runner loop of a pooled sandbox; returns when the service hangs up (the forked
+    children never return here)."""
+    baseline = current_limits()
+    while (received := receive(sock)) is not None:
+        request, fds = received
+        if request["op"] != "run":
+            continue
+        notes_r, notes_w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(notes_r)
+            sock.close()
+            become_program(request, fds, notes_w)
+        for fd in (*fds, notes_w):
+            os.close(fd)
+        result = supervise(sock, child, request["timeout_s"])
+        os.set_blocking(notes_r, False)
+        try:
+            note = os.read(notes_r, 64)
+        except BlockingIOError:
+            note = b""
+        os.close(notes_r)
+        result["memory_error"] = note == b"memory"
+        result["reusable"] = scrub(baseline)
+        send(sock, {"op": "done", **result})
+        if not result["reusable"]:
+            return
+
+
+def run_cell(request: dict[str, Any], fds: list[int], namespace: dict[str, Any]) -> dict[str, Any]:
+    """One session cell, in this process: fds 0-2 point at the call's pipes meanwhile."""
+    payload_fd, stdin_fd, stdout_fd, stderr_fd = fds
+    payload = json.loads(read_all(payload_fd))
+    os.close(payload_fd)
+    for target, fd in ((0, stdin_fd), (1, stdout_fd), (2, stderr_fd)):
+        os.dup2(fd, target)
+        os.close(fd)
+    # Fresh stdio objects per cell: nothing buffered by an earlier cell (stdin read ahead,
+    # output that could not be flushed into a closed pipe) leaks into this one.
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_before = before.ru_utime + before.ru_stime
+    resource.setrlimit(resource.RLIMIT_CPU,
+                       (math.ceil(cpu_before + request["limits"]["cpu_time_s"]), resource.RLIM_INFINITY))
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise CellTimeout(f"cell exceeded its {request['timeout_s']} s wall-clock limit")
+
+    start = time.monotonic()
+    exit_code, kind = 1, ""
+    try:
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, request["timeout_s"])
+        try:
+            write_files(payload["files"])
+            exit_code, kind = run_python(payload["code"], namespace, interactive=True)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except CellTimeout:  # fired between the cell's end and the timer's reset
+        kind = "timeout"
+    wall_s = time.monotonic() - start
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        # Deliver what can be delivered, then point the fd at /dev/null and flush again:
+        # what could not be written (pipe closed at the output cap) is dropped now instead
+        # of surfacing in a later cell's output when the stream object is collected.
+        stream = (sys.stdin, sys.stdout, sys.stderr)[target]
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+        os.dup2(null, target)
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os.close(null)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"wall_s": wall_s, "cpu_s": after.ru_utime + after.ru_stime - cpu_before,
+            "max_rss_kb": after.ru_maxrss, "exit_code": exit_code, "signal": 0,
+            "timed_out": kind == "timeout", "killed": False,
+            "memory_error": kind == "memory", "reusable": True}
+
+
+def serve_session(sock: socket.socket, limits: dict[str, Any]) -> None:
+    """Runner loop of a session: cells share one namespace for the session's life."""
+    apply_limits(limits, session=True)
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    sys.argv = [""]
+    while (received := receive(sock)) is not None:
+        request, fds = received
+        if request["op"] == "run":
+            send(sock, {"op": "done", **run_cell(request, fds, main.__dict__)})
+
+
+def main(argv: list[str]) -> int:
+    mode, ctrl_fd = argv[1], int(argv[2])
+    sock = socket.socket(fileno=ctrl_fd)
+    # Non-dumpable: a program of this sandbox (same uid) can neither ptrace the runner nor
+    # read its /proc/<pid>/fd or memory.
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.makedirs(WORK_DIR, exist_ok=True)
+    os.chdir(WORK_DIR)
+    null = os.open(os.devnull, os.O_RDWR)
+    limits = json.loads(argv[3]) if mode == "session" else None
+    send(sock, {"op": "ready", "python": sys.version.split()[0]})
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.close(null)
+    # Objects that exist now are never collected: forked children then do not dirty
+    # their copy-on-write pages by GC bookkeeping.
+    gc.freeze()
+    if limits is not None:
+        serve_session(sock, limits)
+    else:
+        serve_oneshot(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,164 @@
+"""Stateful Python sessions: one dedicated sandbox per session whose runner keeps a
+namespace between cells (runner.serve_session). Calls on one session run one at a time.
+A session closes when its client closes it or when it stays unused past its idle
+timeout; at most `max_sessions` are open.
+
+A cell that overruns its time gets CellTimeout raised inside it (state kept); one that
+ignores that, or crashes the interpreter, gets its sandbox killed, and the next call
+starts a fresh interpreter (counted in rlfleet_sandbox_session_resets, and said in the
+call's stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted
+
+from rlfleet_sandbox.config import SessionsConfig
+from rlfleet_sandbox.metrics import SESSION_RESETS, SESSIONS_CLOSED, SESSIONS_OPEN, SPAWNS
+from rlfleet_sandbox.models import ExecRequest, RunLimits
+from rlfleet_sandbox.sandbox import RawRun, Sandbox, SandboxSpec, SandboxStartError
+
+logger = logging.getLogger(__name__)
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+RESET_NOTE = (b"\n[sandbox] the session's interpreter was stopped (it overran its limits or "
+              b"crashed); its state is lost and the next call starts afresh.\n")
+
+
+@dataclass
+class Session:
+    session_id: str
+    limits: RunLimits
+    """Limits of the session's sandbox (memory, processes, ...); per-call time limits come
+    with each call."""
+    idle_timeout_s: float
+    sandbox: Sandbox | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    created: float = field(default_factory=time.time)
+    calls: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def check_session_id(session_id: str, where: str = "session_id") -> str:
+    if not _SESSION_ID.match(session_id):
+        raise InvalidArgument(where, f"use 1-128 of A-Z a-z 0-9 _ . : -, got {session_id[:140]!r}")
+    return session_id
+
+
+class SessionManager:
+    def __init__(self, spec: SandboxSpec, config: SessionsConfig) -> None:
+        self._spec = spec
+        self._config = config
+        self._sessions: dict[str, Session] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._reaper = asyncio.create_task(self._reap_idle())
+
+    def resolve_idle_timeout(self, requested_s: float) -> float:
+        if requested_s < 0:
+            raise InvalidArgument("idle_timeout_s", f"must be >= 0 (0 = default), got {requested_s}")
+        if requested_s == 0:
+            return self._config.idle_timeout_s
+        return min(requested_s, self._config.max_idle_timeout_s)
+
+    async def create(self, limits: RunLimits, idle_timeout_s: float, session_id: str | None = None) -> Session:
+        """Open a session (its sandbox starts now, so the first call is warm)."""
+        if session_id is None:
+            session_id = uuid.uuid4().hex
+        elif session_id in self._sessions:
+            return self._sessions[session_id]
+        if len(self._sessions) >= self._config.max_sessions:
+            raise ResourceExhausted(
+                f"{len(self._sessions)} sessions are open (sessions.max_sessions); close one "
+                "(DELETE /sessions/{id} or CloseSession) or wait for idle ones to expire")
+        session = Session(session_id, limits, self.resolve_idle_timeout(idle_timeout_s))
+        self._sessions[session_id] = session
+        SESSIONS_OPEN.set(len(self._sessions))
+        try:
+            async with session.lock:
+                session.sandbox = await self._spawn(limits)
+        except BaseException:
+            self._sessions.pop(session_id, None)
+            SESSIONS_OPEN.set(len(self._sessions))
+            raise
+        return session
+
+    async def _spawn(self, limits: RunLimits) -> Sandbox:
+        try:
+            sandbox = await Sandbox.spawn(self._spec, "session", limits.for_runner())
+        except SandboxStartError:
+            SPAWNS.labels("session", "error").inc()
+            raise
+        SPAWNS.labels("session", "ok").inc()
+        return sandbox
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"session {session_id!r} does not exist (closed, expired or never created)")
+        return session
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    async def run(self, session_id: str, request: ExecRequest, kill_grace_s: float) -> tuple[RawRun, bool]:
+        """Run one cell; returns the raw run and whether the session's state was lost."""
+        session = self.get(session_id)
+        async with session.lock:
+            if session_id not in self._sessions:  # closed while we waited for the lock
+                raise NotFound(f"session {session_id!r} was closed")
+            session.calls += 1
+            if session.sandbox is None or not session.sandbox.alive:
+                if session.sandbox is not None:
+                    await session.sandbox.kill()
+                session.sandbox = await self._spawn(session.limits)
+            try:
+                raw = await session.sandbox.run(request, kill_grace_s)
+            finally:
+                session.last_used = time.monotonic()
+            lost = not session.sandbox.alive
+            if lost:
+                SESSION_RESETS.inc()
+                await session.sandbox.kill()
+                session.sandbox = None
+            return raw, lost
+
+    async def close(self, session_id: str, reason: str = "client") -> bool:
+        session = self._sessions.pop(session_id, None)
+        SESSIONS_OPEN.set(len(self._sessions))
+        if session is None:
+            return False
+        SESSIONS_CLOSED.labels(reason).inc()
+        # Kill first: a cell that is running holds the lock and would otherwise finish.
+        if session.sandbox is not None:
+            await session.sandbox.kill()
+        return True
+
+    def list(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    async def _reap_idle(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.reap_interval_s)
+            now = time.monotonic()
+            for session in list(self._sessions.values()):
+                if not session.lock.locked() and now - session.last_used > session.idle_timeout_s:
+                    logger.info("closing idle session", extra={"session_id": session.session_id})
+                    await self.close(session.session_id, reason="idle")
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for session_id in list(self._sessions):
+            await self.close(session_id, reason="shutdown")

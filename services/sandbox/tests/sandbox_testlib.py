@@ -1,0 +1,110 @@
+"""Test helpers: a real sandbox service on loopback (gRPC + HTTP, real bubblewrap) and
+the check that nothing of it outlives it. (A module of its own because conftest.py is
+not importable under --import-mode=importlib; conftest puts this folder on sys.path.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from grpc import aio
+from rlfleet_core.server import RunningServer, ServerConfig, start_service
+from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
+from rlfleet_sandbox.config import (
+    IsolationConfig,
+    PoolConfig,
+    SandboxServiceConfig,
+    SessionsConfig,
+)
+from rlfleet_sandbox.service import SERVICE
+
+TEST_UID = 64987
+"""A host uid nothing else on this machine uses, so every process running under it is a
+sandbox of these tests (see `sandbox_processes`)."""
+TMPFS_BYTES = 8 << 20
+ROOT_ONLY = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="checks the drop from root to TEST_UID (CI runs as root); as another user the "
+    "sandboxes run under that user's uid")
+
+def sandbox_processes(uid: int = TEST_UID) -> list[tuple[int, str]]:
+    """(pid, cmdline) of every host process whose real uid is `uid`, zombies included.
+    (The real uid from /proc/<pid>/status: /proc/<pid> itself belongs to root for
+    non-dumpable processes such as bwrap and the runner.)"""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                uids = next(line for line in fh if line.startswith("Uid:")).split()
+            if int(uids[1]) != uid:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ")[:80].decode(errors="replace")
+        except (OSError, StopIteration):
+            continue
+        found.append((int(name), cmd))
+    return found
+
+
+def wait_no_sandbox_processes(timeout_s: float = 3.0) -> list[tuple[int, str]]:
+    deadline = time.monotonic() + timeout_s
+    while (left := sandbox_processes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def make_config(**sections: Any) -> SandboxServiceConfig:
+    base: dict[str, Any] = {
+        "server": ServerConfig(port=0, http_port=0, default_timeout_s=30.0),
+        "isolation": IsolationConfig(sandbox_uid=TEST_UID, sandbox_gid=TEST_UID, tmpfs_bytes=TMPFS_BYTES),
+        "pool": PoolConfig(size=2, kill_grace_s=1.0),
+        "sessions": SessionsConfig(max_sessions=3, reap_interval_s=0.1),
+    }
+    base.update(sections)
+    return SandboxServiceConfig(**base)
+
+
+@dataclass
+class Harness:
+    running: RunningServer
+    stub: sandbox_pb2_grpc.SandboxServiceStub
+    http: httpx.AsyncClient
+    config: SandboxServiceConfig
+
+    async def run(self, code: str, language: str = "python", stdin: str = "",
+                  files: tuple[sandbox_pb2.File, ...] = (), session_id: str = "",
+                  **limits: Any) -> sandbox_pb2.ExecuteResult:
+        lang = sandbox_pb2.LANGUAGE_BASH if language == "bash" else sandbox_pb2.LANGUAGE_PYTHON
+        request = sandbox_pb2.ExecuteRequest(language=lang, code=code, stdin=stdin, files=files,
+                                             limits=sandbox_pb2.Limits(**limits), session_id=session_id)
+        result: sandbox_pb2.ExecuteResult = await self.stub.Execute(request, timeout=60)
+        return result
+
+    async def assert_healthy(self) -> None:
+        """The service still runs programs and says it is healthy."""
+        result = await self.run("print(6 * 7)")
+        assert result.status == sandbox_pb2.EXEC_STATUS_OK, result
+        assert result.stdout == "42\n"
+        response = await self.http.get("/healthz")
+        assert response.status_code == 200, response.text
+
+
+async def start_harness(config: SandboxServiceConfig) -> Harness:
+    running = await start_service(SERVICE, config)
+    channel = aio.insecure_channel(f"127.0.0.1:{running.grpc_port}")
+    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{running.http_port}", timeout=60)
+    return Harness(running, sandbox_pb2_grpc.SandboxServiceStub(channel), http, config)
+
+
+async def stop_harness(harness: Harness) -> None:
+    await harness.http.aclose()
+    harness.running.stop_event.set()
+    await asyncio.wait_for(harness.running.done, 30)
+
