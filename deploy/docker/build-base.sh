@@ -28,7 +28,7 @@ echo "building $image from $mirror"
 rootfs=$(mktemp --suffix=.tar)
 trap 'rm -f "$rootfs"' EXIT
 # To a file first: a failed bootstrap must not leave a half-empty image behind.
-mmdebstrap --variant=essential \
+mmdebstrap --variant=apt \
   --include=python3,python3-venv,ca-certificates,libstdc++6,libgomp1 \
   bookworm "$rootfs" "$mirror"
 docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$rootfs" "$image"

@@ -288,3 +288,29 @@ async def test_port_in_use_is_a_clear_error(running: RunningServer) -> None:
         await start_service(DEFINITION, config(port=running.grpc_port))
     with pytest.raises(OSError, match=f"cannot bind HTTP to 127.0.0.1:{running.http_port}"):
         await start_service(DEFINITION, config(http_port=running.http_port))
+
+
+class _FailingService(EchoService):
+    async def start(self) -> None:
+        from rlfleet_core.errors import StartupError
+
+        raise StartupError("bwrap not found: apt-get install bubblewrap")
+
+
+async def test_failed_start_releases_ports_and_reports() -> None:
+    from rlfleet_core.errors import StartupError
+
+    definition = ServiceDefinition(
+        name="failing",
+        package="rlfleet-core",
+        grpc_services=(SERVICE_NAME,),
+        config_model=ServiceConfig,
+        factory=_FailingService,
+    )
+    port, http_port = free_port(), free_port()
+    with pytest.raises(StartupError, match="apt-get install bubblewrap"):
+        await start_service(definition, config(port=port, http_port=http_port))
+    # Both ports are free again: a fixed service can start on them at once.
+    running = await start_service(DEFINITION, config(port=port, http_port=http_port))
+    running.stop_event.set()
+    await running.done

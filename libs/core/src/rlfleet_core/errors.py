@@ -54,3 +54,8 @@ class Unavailable(ServiceError):
 
 class DeadlineExceeded(ServiceError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class StartupError(RuntimeError):
+    """A service cannot start for a reason the operator can fix (missing tool, model,
+    permission). The bootstrap prints the message, without a traceback, and exits 1."""

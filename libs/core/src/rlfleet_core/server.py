@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import Field, field_validator
 
 from rlfleet_core.config import ConfigError, ConfigModel, load_config
+from rlfleet_core.errors import StartupError
 from rlfleet_core.interceptors import ServerInterceptor
 from rlfleet_core.logs import setup_logging
 from rlfleet_core.metrics import REGISTRY
@@ -228,7 +229,15 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
         )
         http_task = asyncio.create_task(http.serve(sockets=[sock]))
 
-    await service.start()
+    try:
+        await service.start()
+    except BaseException:
+        # Leave nothing half-started behind (ports, server tasks) before reporting.
+        if http is not None and http_task is not None:
+            http.should_exit = True
+            await http_task
+        await server.stop(0)
+        raise
     for name in ("", *definition.grpc_services):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info(
@@ -291,7 +300,7 @@ def run_service_blocking(definition: ServiceDefinition, config: ServiceConfig) -
     setup_logging(definition.name)
     try:
         asyncio.run(serve(definition, config))
-    except OSError as exc:
+    except (OSError, StartupError) as exc:
         print(f"rlfleet {definition.name}: {exc}", file=sys.stderr)
         return 1
     return 0
