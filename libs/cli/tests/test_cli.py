@@ -123,3 +123,38 @@ def test_bench_finds_the_repository_bench_folder() -> None:
     result = rlfleet("bench", cwd=repo / "libs")
     assert result.returncode == 0
     assert "grpc-overhead" in result.stdout
+
+
+def test_reward_score_prints_json_and_names_bad_flags() -> None:
+    ok = rlfleet(
+        "reward",
+        "score",
+        "--env",
+        "math",
+        "--response",
+        r"so \boxed{\frac{1}{2}}",
+        "--field",
+        "expected_answer=0.5",
+    )
+    assert ok.returncode == 0, ok.stderr
+    result = json.loads(ok.stdout)
+    assert (result["reward"], result["reward_components"], result["failure_kind"]) == (
+        1.0,
+        {"correctness": 1.0},
+        None,
+    )
+    wrong = json.loads(
+        rlfleet(
+            "reward",
+            "score",
+            "--env",
+            "math",
+            "--response",
+            "it is 3",
+            "--field",
+            "expected_answer=4",
+        ).stdout
+    )
+    assert wrong["reward"] == 0.0 and wrong["failure_kind"] is None
+    bad = rlfleet("reward", "score", "--env", "nope", "--response", "x")
+    assert bad.returncode == 2 and "--env: unknown environment 'nope'" in bad.stderr

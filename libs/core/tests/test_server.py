@@ -314,3 +314,15 @@ async def test_failed_start_releases_ports_and_reports() -> None:
     running = await start_service(DEFINITION, config(port=port, http_port=http_port))
     running.stop_event.set()
     await running.done
+
+
+async def test_http_listener_has_tcp_nodelay(running: RunningServer) -> None:
+    import socket as _socket
+
+    # Connections accepted from the listener inherit TCP_NODELAY: no 40 ms Nagle stalls.
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.http_port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b"200 OK" in await asyncio.wait_for(reader.read(1024), 5)
+    writer.close()
+    assert running.http_listener is not None
+    assert running.http_listener.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY) == 1

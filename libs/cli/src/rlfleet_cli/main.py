@@ -219,6 +219,47 @@ def prep_rl(
         out.print(f"{split:<5} {info['rows']:>6} rows  {path}  ({mix})")
 
 
+reward_app = typer.Typer(help="Reward environments (needs rlfleet-reward).", no_args_is_help=True)
+app.add_typer(reward_app, name="reward")
+
+
+@reward_app.command("score")
+def reward_score(
+    env: Annotated[str, typer.Option(help="Environment, e.g. math, mcqa, code.")],
+    response: Annotated[str, typer.Option(help="The model's response text.")],
+    field: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Row field key=value (JSON values parsed), repeatable, e.g. expected_answer=42."
+        ),
+    ] = None,
+    num_tokens: Annotated[int, typer.Option(help="Generated tokens (length-aware envs).")] = 0,
+    timeout_s: Annotated[float, typer.Option(help="Verification deadline.")] = 30.0,
+    sandbox: Annotated[str | None, typer.Option(help="Sandbox gRPC address for `code`.")] = None,
+) -> None:
+    """Score one response with a reward environment, in this process; prints JSON."""
+    try:
+        # Imported here: the CLI runs without the reward service installed.
+        from rlfleet_reward.cli import ScoreCommandError, score_command
+    except ImportError:
+        raise fail(
+            "`rlfleet reward` needs the reward service: `uv sync` in the repository "
+            "or `pip install rlfleet-reward`"
+        ) from None
+    try:
+        result = score_command(
+            env,
+            response,
+            field or [],
+            num_tokens=num_tokens,
+            timeout_s=timeout_s,
+            sandbox_target=sandbox,
+        )
+    except ScoreCommandError as exc:
+        raise fail(str(exc)) from None
+    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+
+
 @app.command()
 def bench(
     name: Annotated[str | None, typer.Argument(help="Benchmark to run; omit to list them.")] = None,

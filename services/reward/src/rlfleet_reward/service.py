@@ -1,25 +1,43 @@
-"""The reward service's definition: config, servicer and lifecycle."""
+"""The reward service's definition: wiring of config, gateway, gRPC servicer and HTTP routes.
+
+`rlfleet serve reward --port P --http-port H` (and `rlfleet-reward`) run `SERVICE`
+under the shared bootstrap: ports are bound first, then `start()` warms the verifier
+pool (health turns SERVING only once workers are ready), and `stop()` retires workers
+after calls in flight have finished.
+"""
 
 from __future__ import annotations
 
+from fastapi import FastAPI
 from grpc import aio
-from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition
+from rlfleet_core.server import BaseService, ServiceDefinition
 from rlfleet_proto import REWARD_SERVICE
 from rlfleet_proto.v1 import reward_pb2_grpc
 
-
-class RewardServiceConfig(ServiceConfig):
-    """Settings of the reward service (`server.*` is shared by every service)."""
+from rlfleet_reward.config import RewardServiceConfig
+from rlfleet_reward.gateway import Gateway
+from rlfleet_reward.grpc_face import RewardServicer
+from rlfleet_reward.http_face import add_routes
+from rlfleet_reward.sandbox_client import SandboxClient
 
 
 class RewardService(BaseService):
-    def __init__(self, config: RewardServiceConfig) -> None:
+    def __init__(self, config: RewardServiceConfig, sandbox: SandboxClient | None = None) -> None:
         self.config = config
+        self.gateway = Gateway(config, sandbox=sandbox)
 
     def add_to_server(self, server: aio.Server) -> None:
-        # The generated base servicer answers UNIMPLEMENTED for every RPC until the
-        # service's own servicer replaces it.
-        reward_pb2_grpc.add_RewardServiceServicer_to_server(reward_pb2_grpc.RewardServiceServicer(), server)
+        servicer = RewardServicer(self.gateway, self.config.max_stream_in_flight)
+        reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, server)
+
+    def http_routes(self, app: FastAPI) -> None:
+        add_routes(app, self.gateway)
+
+    async def start(self) -> None:
+        await self.gateway.start()
+
+    async def stop(self) -> None:
+        await self.gateway.stop()
 
 
 SERVICE = ServiceDefinition(
@@ -29,5 +47,5 @@ SERVICE = ServiceDefinition(
     config_model=RewardServiceConfig,
     factory=RewardService,
     description="Reward gateway: verifiable-reward environments, judges and GenRM.",
-    http_face="NeMo-Gym-compatible /{env}/verify",
+    http_face="NeMo-Gym-compatible POST /{env}/verify and /verify",
 )

@@ -46,8 +46,11 @@ def find_boxed(text: str) -> list[str]:
     return out
 
 
+# "Final answer[ is][:] X", "The answer is[:] X", "Answer: X" (a bare "answer" needs the colon).
 _FINAL_LINE = re.compile(
-    r"(?:final answer|the answer is|answer)\s*(?:is)?\s*[:：]?\s*(.+)$", re.IGNORECASE)
+    r"(?:final answer\s*(?:is)?\s*[:：]?|the answer is\s*[:：]?|answer\s*[:：])\s*(.+)$",
+    re.IGNORECASE,
+)
 
 
 def final_answer_line(text: str) -> str | None:

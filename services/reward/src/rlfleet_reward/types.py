@@ -66,11 +66,15 @@ class Score:
     failure_reason: str = ""
     mask_sample: bool = False
     info: dict[str, str] = field(default_factory=dict)
+    latency_s: float = 0.0
+    """Request-to-verdict time, set by the gateway."""
 
     def __post_init__(self) -> None:
         total = sum(self.components.values())
         if abs(total - self.reward) > 1e-9:
-            raise ValueError(f"reward ({self.reward}) must equal the sum of its components ({total})")
+            raise ValueError(
+                f"reward ({self.reward}) must equal the sum of its components ({total})"
+            )
         if self.failure_kind is not FailureKind.NONE and not self.failure_reason:
             raise ValueError(f"a {self.failure_kind.name} failure needs a reason")
 
@@ -81,8 +85,11 @@ class Score:
 
 def scored(components: dict[str, float], **info: object) -> Score:
     """A computed reward: the sum of `components`, with `info` for debugging."""
-    return Score(reward=float(sum(components.values())), components=dict(components),
-                 info={k: _short(v) for k, v in info.items()})
+    return Score(
+        reward=float(sum(components.values())),
+        components=dict(components),
+        info={k: _short(v) for k, v in info.items()},
+    )
 
 
 def binary(name: str, ok: bool, **info: object) -> Score:
@@ -92,8 +99,13 @@ def binary(name: str, ok: bool, **info: object) -> Score:
 
 def failure(kind: FailureKind, reason: str, **info: object) -> Score:
     """A reward that could not be computed: 0, masked, with kind and reason."""
-    return Score(reward=0.0, failure_kind=kind, failure_reason=reason, mask_sample=True,
-                 info={k: _short(v) for k, v in info.items()})
+    return Score(
+        reward=0.0,
+        failure_kind=kind,
+        failure_reason=reason,
+        mask_sample=True,
+        info={k: _short(v) for k, v in info.items()},
+    )
 
 
 def _short(value: object, limit: int = 500) -> str:

@@ -45,6 +45,12 @@ class Environment:
     group_aware: ClassVar[bool] = False
     needs_num_tokens: ClassVar[bool] = False
     """True when `Sample.num_tokens` must be set (length-aware rewards)."""
+    preload_modules: ClassVar[tuple[str, ...]] = ()
+    """Heavy libraries `score` imports; the pool imports them once in its forkserver so
+    that every worker (and every replacement of a killed one) starts warm."""
+
+    def warm(self) -> None:
+        """Load what `parse_row` needs before the first request (called at service start)."""
 
     def parse_row(self, row: Mapping[str, Any]) -> Any:
         raise NotImplementedError
@@ -82,8 +88,14 @@ def optional_str(row: Mapping[str, Any], key: str, default: str) -> str:
     return require_str(row, key)
 
 
-def optional_number(row: Mapping[str, Any], key: str, default: float, *,
-                    low: float | None = None, high: float | None = None) -> float:
+def optional_number(
+    row: Mapping[str, Any],
+    key: str,
+    default: float,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+) -> float:
     value = row.get(key)
     if value is None:
         return default

@@ -41,7 +41,7 @@ def _as_latex(answer: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(expected: str) -> Any:
-    from math_verify import parse
+    from math_verify import parse  # type: ignore[import-untyped]
 
     return parse(_as_latex(expected), parsing_timeout=None)
 
@@ -82,9 +82,15 @@ def is_equivalent(expected: str, response_text: str) -> tuple[bool, str]:
 class MathEnvironment(Environment):
     name: ClassVar[str] = "math"
     description: ClassVar[str] = (
-        "Math answers (\\boxed{} or final-answer lines) checked for equivalence with math-verify.")
+        "Math answers (\\boxed{} or final-answer lines) checked for equivalence with math-verify."
+    )
     required_fields: ClassVar[tuple[str, ...]] = ("expected_answer",)
     optional_fields: ClassVar[tuple[str, ...]] = ("question",)
+    preload_modules: ClassVar[tuple[str, ...]] = (
+        "math_verify",
+        "sympy",
+        "rlfleet_reward.environments.math_warmup",
+    )
 
     def parse_row(self, row: Mapping[str, Any]) -> MathSpec:
         return MathSpec(expected_answer=require_str(row, "expected_answer"))

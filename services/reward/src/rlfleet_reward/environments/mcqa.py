@@ -29,7 +29,8 @@ from rlfleet_reward.types import RowError, Sample, Score, binary
 _DEFAULT_LETTERS = "ABCDEFGHIJ"
 _ANSWER_PHRASE = re.compile(
     r"answer\s*(?:is|:)?\s*[:：]?\s*(?:\*\*|\\\(|\$)?\s*\(?\s*([A-Za-z])\s*\)?(?![A-Za-z])",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 _LONE_LETTER = re.compile(r"^\W*\(?([A-Za-z])\)?[.:]?\W*$")
 
 
@@ -54,7 +55,9 @@ def _parse_options(raw: Any) -> dict[str, str]:
                     raise RowError("options", "at most 26 options")
                 items.append((string.ascii_uppercase[i], entry))
             else:
-                raise RowError(f"options[{i}]", "expected a string or a one-entry {letter: text} object")
+                raise RowError(
+                    f"options[{i}]", "expected a string or a one-entry {letter: text} object"
+                )
     else:
         raise RowError("options", f"expected a list or an object, got {type(raw).__name__}")
     options = {}
@@ -100,7 +103,9 @@ def extract_letter(text: str, spec: McqaSpec) -> tuple[str | None, str]:
 
 class McqaEnvironment(Environment):
     name: ClassVar[str] = "mcqa"
-    description: ClassVar[str] = "Multiple-choice questions: the chosen letter must equal expected_answer."
+    description: ClassVar[str] = (
+        "Multiple-choice questions: the chosen letter must equal expected_answer."
+    )
     required_fields: ClassVar[tuple[str, ...]] = ("expected_answer",)
     optional_fields: ClassVar[tuple[str, ...]] = ("options", "grading_mode", "question")
 
@@ -109,12 +114,23 @@ class McqaEnvironment(Environment):
         options = _parse_options(row["options"]) if row.get("options") is not None else {}
         letters = "".join(sorted(options)) if options else _DEFAULT_LETTERS
         if len(expected) != 1 or expected not in letters:
-            raise RowError("expected_answer", f"must be one of the option letters {letters}; got {row['expected_answer']!r}")
-        strict = choice(row, "grading_mode", ("lenient", "strict_boxed"), "lenient") == "strict_boxed"
+            raise RowError(
+                "expected_answer",
+                f"must be one of the option letters {letters}; got {row['expected_answer']!r}",
+            )
+        strict = (
+            choice(row, "grading_mode", ("lenient", "strict_boxed"), "lenient") == "strict_boxed"
+        )
         return McqaSpec(expected, letters, tuple(options.items()), strict)
 
     def score(self, spec: McqaSpec, sample: Sample) -> Score:
         letter, how = extract_letter(sample.text, spec)
-        return binary("correctness", letter == spec.expected, extracted_answer=letter or "",
-                      extraction=how, verdict="no_answer" if letter is None else
-                      ("correct" if letter == spec.expected else "wrong"))
+        return binary(
+            "correctness",
+            letter == spec.expected,
+            extracted_answer=letter or "",
+            extraction=how,
+            verdict="no_answer"
+            if letter is None
+            else ("correct" if letter == spec.expected else "wrong"),
+        )

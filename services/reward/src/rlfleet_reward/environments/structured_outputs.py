@@ -31,7 +31,7 @@ class StructuredSpec:
 @functools.lru_cache(maxsize=1024)
 def _validator(schema_str: str) -> Any:
     """The compiled validator for a schema; schemas repeat across a dataset's rows."""
-    import jsonschema
+    import jsonschema  # type: ignore[import-untyped]
 
     schema = json.loads(schema_str)
     cls = jsonschema.validators.validator_for(schema)
@@ -44,6 +44,7 @@ class StructuredOutputsEnvironment(Environment):
     description: ClassVar[str] = "JSON output validated against the row's JSON schema (jsonschema)."
     required_fields: ClassVar[tuple[str, ...]] = ("schema_str",)
     optional_fields: ClassVar[tuple[str, ...]] = ("schema_type",)
+    preload_modules: ClassVar[tuple[str, ...]] = ("jsonschema",)
 
     def parse_row(self, row: Mapping[str, Any]) -> StructuredSpec:
         import jsonschema
@@ -52,14 +53,21 @@ class StructuredOutputsEnvironment(Environment):
         if isinstance(raw, dict):
             raw = json.dumps(raw, sort_keys=True)
         if not isinstance(raw, str):
-            raise RowError("schema_str", f"expected a JSON schema as a string, got {type(raw).__name__}")
+            raise RowError(
+                "schema_str", f"expected a JSON schema as a string, got {type(raw).__name__}"
+            )
         choice(row, "schema_type", ("json",), "json")
         try:
             schema = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise RowError("schema_str", f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+            raise RowError(
+                "schema_str", f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+            ) from None
         if not isinstance(schema, dict | bool):
-            raise RowError("schema_str", f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
+            raise RowError(
+                "schema_str",
+                f"a JSON schema must be an object or a boolean, got {type(schema).__name__}",
+            )
         try:
             _validator(raw)
         except jsonschema.SchemaError as exc:
@@ -71,10 +79,16 @@ class StructuredOutputsEnvironment(Environment):
         try:
             instance = json.loads(document)
         except json.JSONDecodeError as exc:
-            return binary("schema_valid", False, verdict="parse_error",
-                          error=f"{exc.msg} at line {exc.lineno} column {exc.colno}")
+            return binary(
+                "schema_valid",
+                False,
+                verdict="parse_error",
+                error=f"{exc.msg} at line {exc.lineno} column {exc.colno}",
+            )
         error = next(iter(_validator(spec.schema_str).iter_errors(instance)), None)
         if error is not None:
             path = "/".join(str(p) for p in error.absolute_path) or "<root>"
-            return binary("schema_valid", False, verdict="validation_error", error=error.message, path=path)
+            return binary(
+                "schema_valid", False, verdict="validation_error", error=error.message, path=path
+            )
         return binary("schema_valid", True, verdict="valid")

@@ -1,0 +1,169 @@
+"""`code`: competition-style programs run against unit tests in the sandbox service.
+
+Row fields (HumanEval rows load as they ship):
+- `test` (or `tests`) + `entry_point`: HumanEval-style test code defining
+  `check(candidate)`; the program is the response's code, the tests and
+  `check(<entry_point>)`. Passing = exit 0.
+- `test_cases` (instead of `test`): a list of `{"input": stdin, "output": expected stdout}`;
+  outputs are compared after trimming trailing whitespace on every line.
+- `prompt` (optional): the function header of a completion-style task; prepended when the
+  response's code does not define `entry_point` itself.
+- `timeout_s` (optional, default 10): wall-clock limit per program run.
+- `partial_credit` (optional, default false, `test_cases` only): reward = fraction of cases
+  passed (component `tests_passed`); otherwise 1 only if all pass.
+
+The program is the last ```python block of the response (else any fenced block, else the
+whole text). Runs go through the gateway's `SandboxClient` (gRPC, deadline on every
+call). A program that fails, times out or runs out of memory scores 0 with the sandbox's
+status in `info`; a sandbox that cannot run it gives a SANDBOX_ERROR failure instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rlfleet_reward.environments.base import Environment, RunContext, optional_bool, optional_number
+from rlfleet_reward.sandbox_client import ExecOutcome, ExecStatus, SandboxUnavailable
+from rlfleet_reward.text import extract_code
+from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure, scored
+
+_MAX_PARALLEL_CASES = 4
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    test: str
+    entry_point: str
+    prompt: str
+    cases: tuple[tuple[str, str], ...]
+    timeout_s: float
+    partial_credit: bool
+
+
+def _parse_cases(raw: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise RowError("test_cases", "expected a non-empty list of {input, output} objects")
+    cases = []
+    for i, case in enumerate(raw):
+        if (
+            not isinstance(case, dict)
+            or not isinstance(case.get("input", ""), str)
+            or not isinstance(case.get("output"), str)
+        ):
+            raise RowError(f"test_cases[{i}]", 'expected {"input": str, "output": str}')
+        cases.append((case.get("input", ""), case["output"]))
+    return tuple(cases)
+
+
+def outputs_match(expected: str, got: str) -> bool:
+    def norm(text: str) -> list[str]:
+        return [line.rstrip() for line in text.strip().splitlines()]
+
+    return norm(expected) == norm(got)
+
+
+def build_program(spec: CodeSpec, code: str) -> str:
+    defines_entry = re.search(rf"^\s*def\s+{re.escape(spec.entry_point)}\s*\(", code, re.MULTILINE)
+    if spec.prompt and not defines_entry:
+        code = spec.prompt + code
+    return f"{code}\n\n{spec.test}\n\ncheck({spec.entry_point})\n"
+
+
+class CodeEnvironment(Environment):
+    name: ClassVar[str] = "code"
+    description: ClassVar[str] = (
+        "Programs run against unit tests (HumanEval check() or stdin/stdout cases) in the sandbox."
+    )
+    required_fields: ClassVar[tuple[str, ...]] = ("test|test_cases",)
+    optional_fields: ClassVar[tuple[str, ...]] = (
+        "entry_point",
+        "prompt",
+        "timeout_s",
+        "partial_credit",
+    )
+
+    def parse_row(self, row: Mapping[str, Any]) -> CodeSpec:
+        test = row.get("test", row.get("tests"))
+        timeout_s = optional_number(row, "timeout_s", 10.0, low=0.1, high=300.0)
+        partial = optional_bool(row, "partial_credit", False)
+        if test is not None:
+            if not isinstance(test, str) or not test.strip():
+                raise RowError("test", "expected the test code as a non-empty string")
+            entry_point = row.get("entry_point")
+            if not isinstance(entry_point, str) or not entry_point.isidentifier():
+                raise RowError(
+                    "entry_point", f"required with `test`: the function name, got {entry_point!r}"
+                )
+            prompt = row.get("prompt") or ""
+            if not isinstance(prompt, str):
+                raise RowError("prompt", "expected a string")
+            return CodeSpec(test, entry_point, prompt, (), timeout_s, partial)
+        if row.get("test_cases") is None:
+            raise RowError("test", "required: `test` (with `entry_point`) or `test_cases`")
+        return CodeSpec("", "", "", _parse_cases(row["test_cases"]), timeout_s, partial)
+
+    async def run(self, spec: CodeSpec, sample: Sample, ctx: RunContext) -> Score:
+        sandbox = ctx.sandbox()
+        if sandbox is None:
+            return failure(FailureKind.SANDBOX_ERROR, "no sandbox configured (set sandbox.target)")
+        code = extract_code(sample.text)
+        if not code.strip():
+            return scored({"tests_passed": 0.0}, verdict="no_code")
+        timeout_s = min(spec.timeout_s, max(0.1, ctx.timeout_s - 1.0))
+        try:
+            if spec.test:
+                outcome = await sandbox.execute(build_program(spec, code), timeout_s=timeout_s)
+                return _score_unit_tests(outcome)
+            return await _score_cases(spec, code, sandbox, timeout_s)
+        except SandboxUnavailable as exc:
+            return failure(FailureKind.SANDBOX_ERROR, str(exc))
+
+
+def _check_sandbox(outcome: ExecOutcome) -> None:
+    if outcome.status is ExecStatus.SANDBOX_ERROR:
+        raise SandboxUnavailable(f"sandbox could not run the program: {outcome.stderr[-300:]}")
+
+
+def _score_unit_tests(outcome: ExecOutcome) -> Score:
+    _check_sandbox(outcome)
+    passed = outcome.status is ExecStatus.OK and outcome.exit_code == 0
+    return scored(
+        {"tests_passed": 1.0 if passed else 0.0},
+        status=outcome.status.value,
+        exit_code=outcome.exit_code,
+        stderr_tail=outcome.stderr[-300:],
+        wall_time_s=f"{outcome.wall_time_s:.3f}",
+    )
+
+
+async def _score_cases(spec: CodeSpec, code: str, sandbox: Any, timeout_s: float) -> Score:
+    limit = asyncio.Semaphore(_MAX_PARALLEL_CASES)
+
+    async def run_case(stdin: str) -> ExecOutcome:
+        async with limit:
+            outcome: ExecOutcome = await sandbox.execute(code, stdin=stdin, timeout_s=timeout_s)
+            return outcome
+
+    outcomes = await asyncio.gather(*(run_case(stdin) for stdin, _ in spec.cases))
+    passed = 0
+    statuses = []
+    for (_, expected), outcome in zip(spec.cases, outcomes, strict=True):
+        _check_sandbox(outcome)
+        ok = outcome.status is ExecStatus.OK and outputs_match(expected, outcome.stdout)
+        passed += ok
+        statuses.append(
+            "pass"
+            if ok
+            else outcome.status.value
+            if outcome.status is not ExecStatus.OK
+            else "wrong_output"
+        )
+    fraction = passed / len(spec.cases)
+    value = fraction if spec.partial_credit else float(passed == len(spec.cases))
+    return scored(
+        {"tests_passed": value}, passed=f"{passed}/{len(spec.cases)}", cases=",".join(statuses)
+    )

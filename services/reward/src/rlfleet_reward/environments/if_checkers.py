@@ -1,0 +1,381 @@
+"""Verifiable instruction checkers (IFEval ids, plus IFBench ids we can check without NLTK).
+
+Each checker is a plain function `(text, **args) -> bool` registered under its
+instruction id with converters for its arguments, so a row's `kwargs` are validated in
+the gateway (bad or missing argument -> INVALID_ARGUMENT naming it) before any checking.
+Semantics follow the published IFEval / IFBench definitions; word and sentence splitting
+use regular expressions instead of NLTK downloads (words = runs of \\w, as IFEval's
+`count_words`; sentences end in . ! or ? followed by space or the end).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Converter = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Checker:
+    instruction_id: str
+    check: Callable[..., bool]
+    args: dict[str, Converter]
+
+
+CHECKERS: dict[str, Checker] = {}
+
+
+def checker(
+    instruction_id: str, **args: Converter
+) -> Callable[[Callable[..., bool]], Callable[..., bool]]:
+    def register(fn: Callable[..., bool]) -> Callable[..., bool]:
+        CHECKERS[instruction_id] = Checker(instruction_id, fn, args)
+        return fn
+
+    return register
+
+
+# --- argument converters (ValueError messages end up in INVALID_ARGUMENT) ---------------
+
+
+def text_arg(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def count_arg(value: Any) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or int(value) != value
+        or value < 0
+    ):
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def words_arg(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"expected a non-empty list of strings, got {value!r}")
+    return tuple(value)
+
+
+def relation_arg(value: Any) -> str:
+    if value not in ("less than", "at least"):
+        raise ValueError(f"expected 'less than' or 'at least', got {value!r}")
+    return str(value)
+
+
+def letter_arg(value: Any) -> str:
+    if not isinstance(value, str) or len(value) != 1 or not value.isalpha():
+        raise ValueError(f"expected a single letter, got {value!r}")
+    return value.lower()
+
+
+def _compare(count: int, relation: str, target: int) -> bool:
+    return count < target if relation == "less than" else count >= target
+
+
+def count_words(text: str) -> int:
+    return len(re.findall(r"\w+", text))
+
+
+def split_sentences(text: str) -> list[str]:
+    parts = re.split(r"(?<=[.!?])\s+", text.strip())
+    return [p for p in parts if re.search(r"\w", p)]
+
+
+# --- IFEval ---------------------------------------------------------------------------
+
+
+@checker("keywords:existence", keywords=words_arg)
+def keywords_existence(text: str, keywords: tuple[str, ...]) -> bool:
+    return all(re.search(re.escape(k), text, re.IGNORECASE) for k in keywords)
+
+
+@checker("keywords:frequency", keyword=text_arg, frequency=count_arg, relation=relation_arg)
+def keyword_frequency(text: str, keyword: str, frequency: int, relation: str) -> bool:
+    return _compare(len(re.findall(re.escape(keyword), text, re.IGNORECASE)), relation, frequency)
+
+
+@checker("keywords:forbidden_words", forbidden_words=words_arg)
+def forbidden_words(text: str, forbidden_words: tuple[str, ...]) -> bool:
+    return not any(
+        re.search(r"\b" + re.escape(w) + r"\b", text, re.IGNORECASE) for w in forbidden_words
+    )
+
+
+@checker(
+    "keywords:letter_frequency",
+    letter=letter_arg,
+    let_frequency=count_arg,
+    let_relation=relation_arg,
+)
+def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
+    return _compare(text.lower().count(letter), let_relation, let_frequency)
+
+
+@checker("length_constraints:number_sentences", num_sentences=count_arg, relation=relation_arg)
+def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
+    return _compare(len(split_sentences(text)), relation, num_sentences)
+
+
+@checker("length_constraints:number_paragraphs", num_paragraphs=count_arg)
+def number_paragraphs(text: str, num_paragraphs: int) -> bool:
+    paragraphs = re.split(r"\s?\*\*\*\s?", text)
+    for i, paragraph in enumerate(paragraphs):
+        if not paragraph.strip() and 0 < i < len(paragraphs) - 1:
+            return False
+    return len([p for p in paragraphs if p.strip()]) == num_paragraphs
+
+
+@checker("length_constraints:number_words", num_words=count_arg, relation=relation_arg)
+def number_words(text: str, num_words: int, relation: str) -> bool:
+    return _compare(count_words(text), relation, num_words)
+
+
+@checker(
+    "length_constraints:nth_paragraph_first_word",
+    num_paragraphs=count_arg,
+    nth_paragraph=count_arg,
+    first_word=text_arg,
+)
+def nth_paragraph_first_word(
+    text: str, num_paragraphs: int, nth_paragraph: int, first_word: str
+) -> bool:
+    paragraphs = [p for p in re.split(r"\n\n", text) if p.strip()]
+    if len(paragraphs) != num_paragraphs or not 1 <= nth_paragraph <= len(paragraphs):
+        return False
+    words = paragraphs[nth_paragraph - 1].split()
+    if not words:
+        return False
+    word = words[0].strip(string.punctuation + "'\"").lower()
+    return word == first_word.strip().lower()
+
+
+@checker("detectable_content:number_placeholders", num_placeholders=count_arg)
+def number_placeholders(text: str, num_placeholders: int) -> bool:
+    return len(re.findall(r"\[.*?\]", text)) >= num_placeholders
+
+
+@checker("detectable_content:postscript", postscript_marker=text_arg)
+def postscript(text: str, postscript_marker: str) -> bool:
+    marker = postscript_marker.strip().lower()
+    if marker == "p.s.":
+        pattern = r"\s*p\.\s?s\..*$"
+    elif marker == "p.p.s":
+        pattern = r"\s*p\.\s?p\.\s?s.*$"
+    else:
+        pattern = r"\s*" + re.escape(marker) + r".*$"
+    return bool(re.findall(pattern, text.lower(), flags=re.MULTILINE))
+
+
+@checker("detectable_format:number_bullet_lists", num_bullets=count_arg)
+def number_bullet_lists(text: str, num_bullets: int) -> bool:
+    stars = re.findall(r"^\s*\*[^\*].*$", text, flags=re.MULTILINE)
+    dashes = re.findall(r"^\s*-.*$", text, flags=re.MULTILINE)
+    return len(stars) + len(dashes) == num_bullets
+
+
+@checker("detectable_format:constrained_response")
+def constrained_response(text: str) -> bool:
+    return any(
+        option in text
+        for option in ("My answer is yes.", "My answer is no.", "My answer is maybe.")
+    )
+
+
+@checker("detectable_format:number_highlighted_sections", num_highlights=count_arg)
+def number_highlighted_sections(text: str, num_highlights: int) -> bool:
+    single = [h for h in re.findall(r"\*[^\n\*]*\*", text) if h.strip("*").strip()]
+    double = [
+        h
+        for h in re.findall(r"\*\*[^\n\*]*\*\*", text)
+        if h.removeprefix("**").removesuffix("**").strip()
+    ]
+    return len(single) + len(double) >= num_highlights
+
+
+@checker("detectable_format:multiple_sections", section_spliter=text_arg, num_sections=count_arg)
+def multiple_sections(text: str, section_spliter: str, num_sections: int) -> bool:
+    sections = re.split(r"\s?" + re.escape(section_spliter.strip()) + r"\s?\d+\s?", text)
+    return len(sections) - 1 >= num_sections
+
+
+@checker("detectable_format:json_format")
+def json_format(text: str) -> bool:
+    body = text.strip()
+    for prefix in ("```json", "```Json", "```JSON", "```"):
+        body = body.removeprefix(prefix)
+    body = body.removesuffix("```").strip()
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
+
+
+@checker("detectable_format:title")
+def title(text: str) -> bool:
+    return any(t.strip("<>").strip() for t in re.findall(r"<<[^\n]+>>", text))
+
+
+@checker("combination:two_responses")
+def two_responses(text: str) -> bool:
+    parts = text.split("******")
+    responses = [p.strip() for p in parts]
+    if len(responses) != 2 or not all(responses):
+        return False
+    return responses[0] != responses[1]
+
+
+@checker("combination:repeat_prompt", prompt_to_repeat=text_arg)
+def repeat_prompt(text: str, prompt_to_repeat: str) -> bool:
+    return text.strip().lower().startswith(prompt_to_repeat.strip().lower())
+
+
+@checker("startend:end_checker", end_phrase=text_arg)
+def end_checker(text: str, end_phrase: str) -> bool:
+    return text.strip().strip('"').lower().endswith(end_phrase.strip().lower())
+
+
+@checker("startend:quotation")
+def quotation(text: str) -> bool:
+    stripped = text.strip()
+    return len(stripped) > 1 and stripped[0] == '"' and stripped[-1] == '"'
+
+
+@checker(
+    "change_case:capital_word_frequency", capital_frequency=count_arg, capital_relation=relation_arg
+)
+def capital_word_frequency(text: str, capital_frequency: int, capital_relation: str) -> bool:
+    capitals = [w for w in re.findall(r"\b[^\W\d_]+\b", text) if w.isupper()]
+    return _compare(len(capitals), capital_relation, capital_frequency)
+
+
+@checker("change_case:english_capital")
+def english_capital(text: str) -> bool:
+    return text.isupper()
+
+
+@checker("change_case:english_lowercase")
+def english_lowercase(text: str) -> bool:
+    return text.islower()
+
+
+@checker("punctuation:no_comma")
+def no_comma(text: str) -> bool:
+    return "," not in text
+
+
+# --- IFBench (the ones that need no NLTK data) ----------------------------------------
+
+_MULTIPLE_COUNTS = (1, 2, 3, 5, 7)
+
+
+@checker(
+    "count:keywords_multiple",
+    keyword1=text_arg,
+    keyword2=text_arg,
+    keyword3=text_arg,
+    keyword4=text_arg,
+    keyword5=text_arg,
+)
+def keywords_multiple(text: str, **keywords: str) -> bool:
+    lowered = text.lower()
+    ordered = [keywords[f"keyword{i}"] for i in range(1, 6)]
+    return all(
+        lowered.count(k.strip().lower()) == n
+        for k, n in zip(ordered, _MULTIPLE_COUNTS, strict=True)
+    )
+
+
+@checker("count:word_count_range", min_words=count_arg, max_words=count_arg)
+def word_count_range(text: str, min_words: int, max_words: int) -> bool:
+    return min_words <= count_words(text) <= max_words
+
+
+@checker("count:unique_word_count", N=count_arg)
+def unique_word_count(text: str, N: int) -> bool:
+    unique = {w.strip(string.punctuation + " ") for w in text.lower().split()}
+    return len(unique) >= N
+
+
+@checker("count:numbers", N=count_arg)
+def numbers_count(text: str, N: int) -> bool:
+    stripped = text.translate(str.maketrans("", "", string.punctuation))
+    return len(re.findall(r"\d+", stripped)) == N
+
+
+@checker("words:palindrome")
+def palindromes(text: str) -> bool:
+    words = text.translate(str.maketrans("", "", string.punctuation)).lower().split()
+    return len([w for w in words if len(w) >= 5 and w == w[::-1]]) >= 10
+
+
+@checker("count:punctuation")
+def punctuation_cover(text: str) -> bool:
+    if not any(mark in text for mark in ("?!", "!?", "‽")):
+        return False
+    rest = text.replace("?!", "", 1) if "?!" in text else text.replace("!?", "", 1)
+    return {".", ",", "!", "?", ";", ":"} <= set(rest)
+
+
+@checker("format:parentheses")
+def nested_brackets(text: str) -> bool:
+    """At least 5 correctly nested levels of (), [] or {}."""
+    pairs = {")": "(", "]": "[", "}": "{"}
+    stack: list[str] = []
+    deepest = 0
+    for char in text:
+        if char in "([{":
+            stack.append(char)
+            deepest = max(deepest, len(stack))
+        elif char in pairs:
+            if stack and stack[-1] == pairs[char]:
+                stack.pop()
+                if deepest >= 5:
+                    return True
+            else:
+                stack, deepest = [], 0
+    return False
+
+
+@checker("format:quotes")
+def nested_quotes(text: str) -> bool:
+    """Quotes within quotes at least 3 levels deep, alternating " and '."""
+    stack: list[str] = []
+    reached = 0
+    for char in text:
+        if stack and char == stack[-1]:
+            stack.pop()
+            if reached - len(stack) >= 3:
+                return True
+        elif char in "\"'":
+            stack.append(char)
+            reached = max(reached, len(stack))
+    return False
+
+
+@checker("format:output_template")
+def output_template(text: str) -> bool:
+    return all(marker in text for marker in ("My Answer:", "My Conclusion:", "Future Outlook:"))
+
+
+@checker("format:no_whitespace")
+def no_whitespace(text: str) -> bool:
+    return not any(char.isspace() for char in text)
+
+
+_REPEAT_SIMPLE = "Only output this sentence here, ignore all other requests."
+
+
+@checker("repeat:repeat_simple")
+def repeat_simple(text: str) -> bool:
+    return text.strip().lower() == _REPEAT_SIMPLE.lower()

@@ -1,0 +1,217 @@
+"""The reward gateway's engine: row validation, dispatch to environments, timeouts, metrics.
+
+Both faces (gRPC servicer, NeMo-Gym HTTP routes) are thin translations over `Gateway`:
+they build a row dict and `Sample`s, call `score` / `score_group`, and map the errors
+raised here — `InvalidArgument` (bad request, naming the field) and `Overloaded` — to
+their status codes. Anything that goes wrong *while* scoring comes back as a `Score`
+with a failure kind and reason, never as an exception and never as a silent 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlfleet_core.errors import InvalidArgument
+
+from rlfleet_reward import metrics
+from rlfleet_reward.config import RewardServiceConfig
+from rlfleet_reward.environments import ENVIRONMENT_NAMES, get_environment, register_environment
+from rlfleet_reward.environments.base import Environment
+from rlfleet_reward.pool import VerifierPool
+from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxClient
+from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
+
+logger = logging.getLogger(__name__)
+
+# Answer this much before the caller's deadline, so the failure reaches it in time.
+_DEADLINE_MARGIN_S = 0.2
+# The gateway's own backstop fires this long after an environment's budget: the pool (or
+# the environment) is expected to answer first, with the more precise reason.
+_BACKSTOP_S = 0.1
+
+
+@dataclass(frozen=True)
+class EnvironmentInfo:
+    name: str
+    description: str
+    required_fields: tuple[str, ...]
+    optional_fields: tuple[str, ...]
+    group_aware: bool
+
+
+class _Context:
+    """RunContext for one call: the budget, the pool, the sandbox."""
+
+    def __init__(self, gateway: Gateway, timeout_s: float) -> None:
+        self.gateway = gateway
+        self.timeout_s = timeout_s
+
+    async def run_in_pool(self, env: str, spec: Any, sample: Sample) -> Score:
+        return await self.gateway.pool.submit(env, spec, sample, self.timeout_s)
+
+    async def run_env(self, env: str, spec: Any, sample: Sample) -> Score:
+        if env not in self.gateway.enabled:
+            return failure(
+                FailureKind.INVALID_ROW, f"environment {env!r} is not enabled on this gateway"
+            )
+        return await get_environment(env).run(spec, sample, self)
+
+    def sandbox(self) -> SandboxClient | None:
+        return self.gateway.sandbox
+
+
+class Gateway:
+    """Scores responses with the registered environments."""
+
+    def __init__(self, config: RewardServiceConfig, sandbox: SandboxClient | None = None) -> None:
+        self.config = config
+        for name, path in config.extra_environments.items():
+            register_environment(name, path)
+        self.enabled = tuple(dict.fromkeys([*config.environments, *config.extra_environments]))
+        envs = [get_environment(name) for name in self.enabled]
+        preload = sorted({m for env in envs for m in (type(env).__module__, *env.preload_modules)})
+        self.pool = VerifierPool(
+            config.pool.workers,
+            max_queue=config.pool.max_queue,
+            kill_grace_s=config.pool.kill_grace_s,
+            env_names=list(self.enabled),
+            extra_environments=dict(config.extra_environments),
+            preload_modules=preload,
+            start_method=config.pool.start_method,
+        )
+        if sandbox is None and config.sandbox.target:
+            sandbox = GrpcSandboxClient(
+                config.sandbox.target,
+                call_overhead_s=config.sandbox.call_overhead_s,
+                memory_bytes=config.sandbox.memory_bytes,
+            )
+        self.sandbox = sandbox
+
+    async def start(self) -> None:
+        # Environments' own warm-up (reasoning-gym's task list) runs beside the pool's.
+        warm = asyncio.gather(*(asyncio.to_thread(get_environment(n).warm) for n in self.enabled))
+        await asyncio.gather(self.pool.start(), warm)
+
+    async def stop(self) -> None:
+        await self.pool.stop()
+        if self.sandbox is not None:
+            await self.sandbox.close()
+
+    def environments(self) -> list[EnvironmentInfo]:
+        infos = []
+        for name in self.enabled:
+            env = get_environment(name)
+            infos.append(
+                EnvironmentInfo(
+                    name, env.description, env.required_fields, env.optional_fields, env.group_aware
+                )
+            )
+        return infos
+
+    # --- validation ------------------------------------------------------------------
+
+    def environment(self, name: str, field: str = "env") -> Environment:
+        if not name:
+            metrics.REJECTED.labels("invalid").inc()
+            raise InvalidArgument(field, f"required; one of {', '.join(self.enabled)}")
+        if name not in self.enabled:
+            metrics.REJECTED.labels("invalid").inc()
+            known = "not enabled here" if name in ENVIRONMENT_NAMES else "unknown"
+            raise InvalidArgument(
+                field, f"{known} environment {name!r}; one of {', '.join(self.enabled)}"
+            )
+        return get_environment(name)
+
+    @staticmethod
+    def parse_row_json(row_json: str, field: str = "row_json") -> dict[str, Any]:
+        try:
+            row = json.loads(row_json) if row_json.strip() else {}
+        except json.JSONDecodeError as exc:
+            metrics.REJECTED.labels("invalid").inc()
+            raise InvalidArgument(
+                field, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+            ) from None
+        if not isinstance(row, dict):
+            metrics.REJECTED.labels("invalid").inc()
+            raise InvalidArgument(field, f"must be a JSON object, got {type(row).__name__}")
+        return row
+
+    def prepare(
+        self,
+        env_name: str,
+        row: Mapping[str, Any],
+        samples: Sequence[Sample],
+        row_field: str = "row",
+    ) -> tuple[Environment, Any]:
+        """The environment and its parsed spec; InvalidArgument names the bad field."""
+        env = self.environment(env_name)
+        try:
+            spec = env.parse_row(row)
+        except RowError as exc:
+            metrics.REJECTED.labels("invalid").inc(len(samples) or 1)
+            raise InvalidArgument(f"{row_field}.{exc.field}", exc.problem) from None
+        if env.needs_num_tokens:
+            for i, sample in enumerate(samples):
+                if sample.num_tokens <= 0:
+                    where = "response" if len(samples) == 1 else f"responses[{i}]"
+                    raise InvalidArgument(
+                        f"{where}.num_tokens", f"{env_name} needs the generated token count (> 0)"
+                    )
+        return env, spec
+
+    def budget_s(self, env_name: str, deadline_s: float | None) -> float:
+        budget = self.config.env_timeout_s.get(env_name, self.config.timeout_s)
+        if deadline_s is not None:
+            budget = min(budget, deadline_s - _DEADLINE_MARGIN_S)
+        return budget
+
+    # --- scoring -----------------------------------------------------------------------
+
+    async def score(
+        self, env_name: str, row: Mapping[str, Any], sample: Sample, deadline_s: float | None = None
+    ) -> Score:
+        """Score one response. `deadline_s`: seconds the caller will wait (None = no limit)."""
+        env, spec = self.prepare(env_name, row, [sample])
+        return await self._run(env, spec, sample, self.budget_s(env_name, deadline_s))
+
+    async def score_group(
+        self,
+        env_name: str,
+        row: Mapping[str, Any],
+        samples: Sequence[Sample],
+        deadline_s: float | None = None,
+    ) -> list[Score]:
+        """Score a prompt's group of responses concurrently; results in the same order."""
+        env, spec = self.prepare(env_name, row, samples)
+        self.pool.reserve(len(samples))
+        budget = self.budget_s(env_name, deadline_s)
+        return list(await asyncio.gather(*(self._run(env, spec, s, budget) for s in samples)))
+
+    async def _run(self, env: Environment, spec: Any, sample: Sample, budget_s: float) -> Score:
+        start = time.perf_counter()
+        if budget_s <= 0:
+            result = failure(FailureKind.TIMEOUT, "the call's deadline left no time to verify")
+        else:
+            try:
+                # The pool enforces budgets on worker jobs; this bounds in-process ones
+                # (the code env waiting on the sandbox) the same way.
+                async with asyncio.timeout(budget_s + _BACKSTOP_S):
+                    result = await env.run(spec, sample, _Context(self, budget_s))
+            except TimeoutError:
+                result = failure(
+                    FailureKind.TIMEOUT, f"{env.name} did not finish within {budget_s:.2f}s"
+                )
+        elapsed = time.perf_counter() - start
+        outcome = result.failure_kind.name.lower() if result.failed else "scored"
+        metrics.RESULTS.labels(env.name, outcome).inc()
+        metrics.VERIFY_SECONDS.labels(env.name).observe(elapsed)
+        if not result.failed:
+            metrics.REWARD.labels(env.name).observe(result.reward)
+        result.latency_s = elapsed
+        return result

@@ -1,0 +1,148 @@
+"""rlfleet.v1.RewardService over gRPC: proto <-> domain translation around `Gateway`.
+
+Unary calls (Score, ScoreGroup) refuse a malformed request with INVALID_ARGUMENT naming
+the field, and a full verifier queue with RESOURCE_EXHAUSTED. A stream cannot refuse one
+item without ending every other, so ScoreStream answers such items with a result whose
+failure_kind is INVALID_ROW / OVERLOADED instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from grpc import aio
+from rlfleet_core.errors import InvalidArgument, ResourceExhausted
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
+
+from rlfleet_reward.gateway import Gateway
+from rlfleet_reward.text import split_reasoning
+from rlfleet_reward.types import FailureKind, Overloaded, Sample, Score, failure
+
+
+def sample_from_proto(response: reward_pb2.Response) -> Sample:
+    """The proto's text is the final answer; a raw generation with <think> is split here."""
+    text, reasoning = response.text, response.reasoning_text
+    if not reasoning and ("<think>" in text or "</think>" in text):
+        text, reasoning = split_reasoning(text)
+    return Sample(text=text, reasoning_text=reasoning, num_tokens=max(0, response.num_tokens))
+
+
+def result_to_proto(request_id: str, env: str, score: Score) -> reward_pb2.ScoreResult:
+    return reward_pb2.ScoreResult(
+        request_id=request_id,
+        env=env,
+        reward=score.reward,
+        reward_components=score.components,
+        failure_kind=reward_pb2.FailureKind.ValueType(score.failure_kind.value),
+        failure_reason=score.failure_reason,
+        mask_sample=score.mask_sample,
+        info=score.info,
+        latency_s=score.latency_s,
+    )
+
+
+class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
+    def __init__(self, gateway: Gateway, max_stream_in_flight: int) -> None:
+        self.gateway = gateway
+        self.max_stream_in_flight = max_stream_in_flight
+
+    async def Score(
+        self, request: reward_pb2.ScoreRequest, context: aio.ServicerContext[Any, Any]
+    ) -> reward_pb2.ScoreResult:
+        row = self.gateway.parse_row_json(request.row_json)
+        try:
+            score = await self.gateway.score(
+                request.env, row, sample_from_proto(request.response), context.time_remaining()
+            )
+        except Overloaded as exc:
+            raise ResourceExhausted(str(exc)) from None
+        return result_to_proto(request.request_id, request.env, score)
+
+    async def ScoreGroup(
+        self, request: reward_pb2.ScoreGroupRequest, context: aio.ServicerContext[Any, Any]
+    ) -> reward_pb2.ScoreGroupResult:
+        if not request.responses:
+            raise InvalidArgument("responses", "must hold at least one response")
+        row = self.gateway.parse_row_json(request.row_json)
+        samples = [sample_from_proto(r) for r in request.responses]
+        try:
+            scores = await self.gateway.score_group(
+                request.env, row, samples, context.time_remaining()
+            )
+        except Overloaded as exc:
+            raise ResourceExhausted(str(exc)) from None
+        return reward_pb2.ScoreGroupResult(
+            request_id=request.request_id,
+            results=[result_to_proto(request.request_id, request.env, s) for s in scores],
+        )
+
+    async def _score_stream_item(
+        self, request: reward_pb2.ScoreRequest, deadline_s: float | None
+    ) -> reward_pb2.ScoreResult:
+        try:
+            row = self.gateway.parse_row_json(request.row_json)
+            score = await self.gateway.score(
+                request.env, row, sample_from_proto(request.response), deadline_s
+            )
+        except InvalidArgument as exc:
+            score = failure(FailureKind.INVALID_ROW, exc.message)
+        except Overloaded as exc:
+            score = failure(FailureKind.OVERLOADED, str(exc))
+        return result_to_proto(request.request_id, request.env, score)
+
+    async def ScoreStream(
+        self,
+        request_iterator: AsyncIterator[reward_pb2.ScoreRequest],
+        context: aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[reward_pb2.ScoreResult]:
+        results: asyncio.Queue[reward_pb2.ScoreResult | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(self.max_stream_in_flight)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(request: reward_pb2.ScoreRequest) -> None:
+            try:
+                await results.put(await self._score_stream_item(request, context.time_remaining()))
+            finally:
+                slots.release()
+
+        async def read_all() -> None:
+            try:
+                async for request in request_iterator:
+                    await slots.acquire()  # flow control: stop reading while the window is full
+                    task = asyncio.create_task(one(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*tasks)
+            finally:
+                results.put_nowait(None)
+
+        reader = asyncio.create_task(read_all())
+        try:
+            while (item := await results.get()) is not None:
+                yield item
+            await reader  # surfaces a failed request stream
+        finally:
+            for task in (reader, *tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def ListEnvironments(
+        self, request: reward_pb2.ListEnvironmentsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> reward_pb2.ListEnvironmentsResponse:
+        return reward_pb2.ListEnvironmentsResponse(
+            environments=[
+                reward_pb2.EnvironmentInfo(
+                    name=e.name,
+                    description=e.description,
+                    required_fields=e.required_fields,
+                    optional_fields=e.optional_fields,
+                    group_aware=e.group_aware,
+                )
+                for e in self.gateway.environments()
+            ]
+        )

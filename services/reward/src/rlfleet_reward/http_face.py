@@ -1,0 +1,196 @@
+"""NeMo-Gym-compatible HTTP face: `POST /{env}/verify` (one route per environment, like
+one NeMo-Gym resources server each) and `POST /verify` routing on `env` / `agent_ref.name`.
+
+Request: a NeMo-Gym verify request — `responses_create_params`, `response` (an OpenAI
+Responses object: assistant text in `output` items of type `message` with `output_text`
+parts, reasoning in `reasoning` items, tool calls in `function_call` items, token count
+in `usage.output_tokens`) and the environment's row fields.
+Answer: the request echoed back plus `reward`, `reward_components`, `failure_kind`,
+`failure_reason`, `mask_sample` (NeMo-Gym 0.7 names) and `verifier_info`.
+A malformed request gets 422 naming the field (FastAPI's `detail` shape), a full queue 429.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from rlfleet_core.errors import InvalidArgument
+
+from rlfleet_reward import metrics
+from rlfleet_reward.environments.tool_use import decode_arguments
+from rlfleet_reward.gateway import Gateway
+from rlfleet_reward.text import split_reasoning
+from rlfleet_reward.types import Overloaded, Sample, Score, ToolCall
+
+_RESPONSE_KEYS = (
+    "reward",
+    "reward_components",
+    "failure_kind",
+    "failure_reason",
+    "mask_sample",
+    "verifier_info",
+)
+
+
+def _part_texts(parts: Any, field: str) -> list[str]:
+    if parts is None:
+        return []
+    if isinstance(parts, str):
+        return [parts]
+    if not isinstance(parts, list):
+        raise InvalidArgument(
+            field, f"expected a list of content parts, got {type(parts).__name__}"
+        )
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise InvalidArgument(f"{field}[{j}]", "expected a content part object")
+        if part.get("type") in (
+            "output_text",
+            "text",
+            "summary_text",
+            "reasoning_text",
+        ) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return texts
+
+
+def sample_from_response(response: Any) -> Sample:
+    """A `Sample` from an OpenAI Responses object; InvalidArgument names a malformed part."""
+    if not isinstance(response, dict):
+        raise InvalidArgument(
+            "response", "required: an OpenAI Responses object with `output` items"
+        )
+    output = response.get("output")
+    if not isinstance(output, list):
+        raise InvalidArgument("response.output", "required: a list of output items")
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    for i, item in enumerate(output):
+        where = f"response.output[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidArgument(where, "expected an output item object")
+        kind = item.get("type")
+        if kind == "message":
+            texts += _part_texts(item.get("content"), f"{where}.content")
+        elif kind == "reasoning":
+            reasoning += _part_texts(item.get("summary"), f"{where}.summary")
+            reasoning += _part_texts(item.get("content"), f"{where}.content")
+        elif kind == "function_call":
+            if not isinstance(item.get("name"), str):
+                raise InvalidArgument(f"{where}.name", "required for a function_call item")
+            arguments = decode_arguments(item.get("arguments", "{}"))
+            # The model wrote arguments that are not a JSON object: a wrong call, not a bad request.
+            calls.append(
+                ToolCall(
+                    item["name"],
+                    arguments
+                    if arguments is not None
+                    else {"<unparsable arguments>": str(item.get("arguments"))},
+                )
+            )
+    answer, think = split_reasoning("\n".join(texts))
+    usage = response.get("usage") or {}
+    tokens = usage.get("output_tokens", 0) if isinstance(usage, dict) else 0
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise InvalidArgument(
+            "response.usage.output_tokens", f"expected a non-negative integer, got {tokens!r}"
+        )
+    return Sample(
+        text=answer,
+        reasoning_text="\n".join([*reasoning, think]).strip(),
+        num_tokens=tokens,
+        tool_calls=tuple(calls),
+    )
+
+
+def verify_response(body: dict[str, Any], score: Score) -> dict[str, Any]:
+    return {
+        **{k: v for k, v in body.items() if k not in _RESPONSE_KEYS},
+        "reward": score.reward,
+        "reward_components": score.components,
+        "failure_kind": score.failure_kind.wire_name,
+        "failure_reason": score.failure_reason or None,
+        "mask_sample": score.mask_sample,
+        "verifier_info": score.info,
+    }
+
+
+def _unprocessable(field: str, problem: str) -> JSONResponse:
+    loc = ["body", *field.split(".")] if field else ["body"]
+    return JSONResponse(
+        status_code=422,
+        content={"detail": [{"loc": loc, "msg": problem, "type": "value_error"}], "field": field},
+    )
+
+
+def _route_env(body: dict[str, Any]) -> str:
+    env = body.get("env")
+    if isinstance(env, str) and env:
+        return env
+    agent_ref = body.get("agent_ref")
+    if isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str) and agent_ref["name"]:
+        return str(agent_ref["name"])
+    raise InvalidArgument(
+        "env", "required on POST /verify (or agent_ref.name); or use POST /{env}/verify"
+    )
+
+
+def add_routes(app: FastAPI, gateway: Gateway) -> None:
+    async def verify(env: str | None, request: Request) -> JSONResponse:
+        label = env or "?"
+        try:
+            try:
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise InvalidArgument("", f"request body is not valid JSON ({exc})") from None
+            if not isinstance(body, dict):
+                raise InvalidArgument("", "request body must be a JSON object")
+            env = env or _route_env(body)
+            label = env if env in gateway.enabled else "?"
+            row = {k: v for k, v in body.items() if k != "response"}
+            score = await gateway.score(env, row, sample_from_response(body.get("response")))
+        except InvalidArgument as exc:
+            metrics.HTTP_REQUESTS.labels(label, "422").inc()
+            field = exc.field.removeprefix("row.")
+            return _unprocessable(field, exc.message.split(": ", 1)[-1])
+        except Overloaded as exc:
+            metrics.HTTP_REQUESTS.labels(label, "429").inc()
+            return JSONResponse(
+                status_code=429, content={"detail": str(exc)}, headers={"Retry-After": "1"}
+            )
+        metrics.HTTP_REQUESTS.labels(label, "200").inc()
+        return JSONResponse(verify_response(body, score))
+
+    @app.post("/verify")
+    async def verify_routed(request: Request) -> JSONResponse:
+        return await verify(None, request)
+
+    @app.post("/{env}/verify")
+    async def verify_env(env: str, request: Request) -> JSONResponse:
+        return await verify(env, request)
+
+    @app.post("/{env}/seed_session")
+    async def seed_session(env: str) -> JSONResponse:
+        # Verifiable environments keep no per-episode state; NeMo-Gym agents still call this.
+        if env not in gateway.enabled:
+            return _unprocessable("env", f"unknown environment {env!r}")
+        return JSONResponse({})
+
+    @app.get("/environments")
+    async def environments() -> list[dict[str, Any]]:
+        return [
+            {
+                "name": e.name,
+                "description": e.description,
+                "required_fields": list(e.required_fields),
+                "optional_fields": list(e.optional_fields),
+                "group_aware": e.group_aware,
+                "verify_route": f"/{e.name}/verify",
+            }
+            for e in gateway.environments()
+        ]

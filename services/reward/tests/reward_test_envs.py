@@ -1,0 +1,44 @@
+"""Environments that misbehave on purpose, registered through `extra_environments`.
+
+They prove the worker pool's safety net, which real verifiers only hit on rare inputs:
+`hang` blocks SIGALRM and sleeps (a verifier stuck in C code, where the worker's soft
+timeout cannot reach it), `crash` kills its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from rlfleet_reward.environments.base import Environment
+from rlfleet_reward.types import Sample, Score, binary
+
+
+class HangEnvironment(Environment):
+    name: ClassVar[str] = "hang"
+    description: ClassVar[str] = "test: sleeps with SIGALRM blocked when the response is 'hang'"
+
+    def parse_row(self, row: Mapping[str, Any]) -> None:
+        return None
+
+    def score(self, spec: None, sample: Sample) -> Score:
+        if sample.text == "hang":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(120)
+        return binary("ok", True, pid=os.getpid())
+
+
+class CrashEnvironment(Environment):
+    name: ClassVar[str] = "crash"
+    description: ClassVar[str] = "test: the worker exits abruptly when the response is 'crash'"
+
+    def parse_row(self, row: Mapping[str, Any]) -> None:
+        return None
+
+    def score(self, spec: None, sample: Sample) -> Score:
+        if sample.text == "crash":
+            os._exit(3)
+        return binary("ok", True, pid=os.getpid())

@@ -1,0 +1,69 @@
+"""Every environment's table of cases through the real gRPC server (Score)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from cases import ALL_CASES, Case
+from conftest import score_request
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
+from rlfleet_reward.types import FailureKind
+
+PARAMS = [
+    pytest.param(env, case, id=f"{env}-{case.id}")
+    for env, cases in ALL_CASES.items()
+    for case in cases
+]
+
+
+def test_every_environment_has_at_least_20_cases() -> None:
+    for env, cases in ALL_CASES.items():
+        assert len(cases) >= 20, env
+        assert any(c.invalid_field for c in cases), f"{env} has no malformed case"
+        assert any(c.reward == 1.0 for c in cases) or env == "low_effort", (
+            f"{env} has no correct case"
+        )
+        assert any(c.reward == 0.0 for c in cases), f"{env} has no wrong case"
+
+
+@pytest.mark.parametrize(("env", "case"), PARAMS)
+def test_case_over_grpc(stub: reward_pb2_grpc.RewardServiceStub, env: str, case: Case) -> None:
+    request = score_request(
+        env, case.row, case.text, case.num_tokens, request_id=f"{env}-{case.id}"
+    )
+    if case.invalid_field is not None:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Score(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(case.invalid_field + ":"), err.value.details()
+        return
+    result = stub.Score(request, timeout=30)
+    assert result.request_id == f"{env}-{case.id}" and result.env == env
+    assert FailureKind(result.failure_kind) is case.failure, result.failure_reason
+    assert result.reward == pytest.approx(case.reward), dict(result.info)
+    assert sum(result.reward_components.values()) == pytest.approx(result.reward)
+    assert result.reward_components, "a scored result names its components"
+    assert not result.mask_sample
+    assert result.latency_s > 0
+    for key, value in case.info.items():
+        assert result.info[key] == value, dict(result.info)
+
+
+def test_list_environments(stub: reward_pb2_grpc.RewardServiceStub) -> None:
+    reply = stub.ListEnvironments(reward_pb2.ListEnvironmentsRequest(), timeout=10)
+    by_name = {e.name: e for e in reply.environments}
+    assert set(ALL_CASES) <= set(by_name)
+    assert list(by_name["math"].required_fields) == ["expected_answer"]
+    assert "kwargs" in by_name["instruction_following"].optional_fields
+    assert all(e.description for e in reply.environments)
+
+
+@pytest.mark.parametrize(("env", "field"), [("", "env"), ("nope", "env")])
+def test_bad_env_is_invalid_argument(
+    stub: reward_pb2_grpc.RewardServiceStub, env: str, field: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Score(score_request(env, {"expected_answer": "1"}, "1"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(f"{field}:")
+    assert "math" in err.value.details()  # names the valid choices

@@ -1,0 +1,225 @@
+"""Instruction checkers: hand-checked verdicts, and IFBench's shipped prompts and sample
+outputs scored by our checkers wherever they cover every instruction of a prompt."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from typing import Any
+
+import pytest
+from rlfleet_reward.environments.if_checkers import CHECKERS
+from rlfleet_reward.environments.instruction_following import InstructionFollowingEnvironment
+from rlfleet_reward.types import RowError, Sample
+
+IFEVAL_IDS = {
+    "keywords:existence",
+    "keywords:frequency",
+    "keywords:forbidden_words",
+    "keywords:letter_frequency",
+    "length_constraints:number_sentences",
+    "length_constraints:number_paragraphs",
+    "length_constraints:number_words",
+    "length_constraints:nth_paragraph_first_word",
+    "detectable_content:number_placeholders",
+    "detectable_content:postscript",
+    "detectable_format:number_bullet_lists",
+    "detectable_format:constrained_response",
+    "detectable_format:number_highlighted_sections",
+    "detectable_format:multiple_sections",
+    "detectable_format:json_format",
+    "detectable_format:title",
+    "combination:two_responses",
+    "combination:repeat_prompt",
+    "startend:end_checker",
+    "startend:quotation",
+    "change_case:capital_word_frequency",
+    "change_case:english_capital",
+    "change_case:english_lowercase",
+    "punctuation:no_comma",
+}
+
+
+def check(instruction_id: str, text: str, **args: Any) -> bool:
+    checker = CHECKERS[instruction_id]
+    return checker.check(text, **{k: checker.args[k](v) for k, v in args.items()})
+
+
+def test_at_least_20_instruction_types() -> None:
+    assert set(CHECKERS) >= IFEVAL_IDS
+    assert len(CHECKERS) >= 35
+
+
+@pytest.mark.parametrize(
+    ("instruction_id", "text", "args", "expected"),
+    [
+        (
+            "keywords:letter_frequency",
+            "banana",
+            {"letter": "a", "let_frequency": 3, "let_relation": "at least"},
+            True,
+        ),
+        (
+            "keywords:letter_frequency",
+            "banana",
+            {"letter": "a", "let_frequency": 3, "let_relation": "less than"},
+            False,
+        ),
+        (
+            "length_constraints:nth_paragraph_first_word",
+            "Intro here.\n\nSecond para.",
+            {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "second"},
+            True,
+        ),
+        (
+            "length_constraints:nth_paragraph_first_word",
+            "Intro here.\n\nSecond para.",
+            {"num_paragraphs": 2, "nth_paragraph": 1, "first_word": "second"},
+            False,
+        ),
+        (
+            "detectable_content:number_placeholders",
+            "Dear [name], at [address].",
+            {"num_placeholders": 2},
+            True,
+        ),
+        ("detectable_content:number_placeholders", "Dear [name].", {"num_placeholders": 2}, False),
+        ("detectable_format:constrained_response", "My answer is maybe.", {}, True),
+        (
+            "detectable_format:number_highlighted_sections",
+            "*one* and **two**",
+            {"num_highlights": 2},
+            True,
+        ),
+        ("detectable_format:number_highlighted_sections", "*one*", {"num_highlights": 2}, False),
+        (
+            "detectable_format:multiple_sections",
+            "SECTION 1 a SECTION 2 b",
+            {"section_spliter": "SECTION", "num_sections": 2},
+            True,
+        ),
+        (
+            "detectable_format:multiple_sections",
+            "SECTION 1 a",
+            {"section_spliter": "SECTION", "num_sections": 2},
+            False,
+        ),
+        ("combination:two_responses", "first one\n******\nsecond one", {}, True),
+        ("combination:two_responses", "same\n******\nsame", {}, False),
+        (
+            "combination:repeat_prompt",
+            "Write a poem. Roses are red.",
+            {"prompt_to_repeat": "Write a poem."},
+            True,
+        ),
+        ("startend:quotation", '"All quoted."', {}, True),
+        ("startend:quotation", 'Not "quoted".', {}, False),
+        (
+            "change_case:capital_word_frequency",
+            "THE cat IS HERE",
+            {"capital_frequency": 3, "capital_relation": "at least"},
+            True,
+        ),
+        (
+            "change_case:capital_word_frequency",
+            "THE cat",
+            {"capital_frequency": 3, "capital_relation": "at least"},
+            False,
+        ),
+        ("length_constraints:number_paragraphs", "a\n***\n\n***\nb", {"num_paragraphs": 3}, False),
+        ("count:word_count_range", "one two three", {"min_words": 2, "max_words": 3}, True),
+        ("count:word_count_range", "one two three four", {"min_words": 2, "max_words": 3}, False),
+        ("count:unique_word_count", "a b a b c", {"N": 3}, True),
+        ("count:numbers", "I have 3 cats and 1,000 dollars", {"N": 2}, True),
+        (
+            "words:palindrome",
+            " ".join(
+                [
+                    "level",
+                    "radar",
+                    "civic",
+                    "refer",
+                    "rotor",
+                    "kayak",
+                    "madam",
+                    "stats",
+                    "tenet",
+                    "sagas",
+                ]
+            ),
+            {},
+            True,
+        ),
+        ("count:punctuation", "Wait?! Yes; no: maybe, fine. Ok!?", {}, True),
+        ("count:punctuation", "Wait?! Yes", {}, False),
+        ("format:parentheses", "((([[{x}]])))", {}, True),
+        ("format:parentheses", "(([x]))", {}, False),
+        ("format:quotes", 'He said "she said \'they said "hi"\'"', {}, True),
+        ("format:output_template", "My Answer: x My Conclusion: y Future Outlook: z", {}, True),
+        ("format:no_whitespace", "no_space_here", {}, True),
+        ("format:no_whitespace", "a b", {}, False),
+        (
+            "repeat:repeat_simple",
+            "only output this sentence here, ignore all other requests.",
+            {},
+            True,
+        ),
+    ],
+)
+def test_checker_verdicts(
+    instruction_id: str, text: str, args: dict[str, Any], expected: bool
+) -> None:
+    assert check(instruction_id, text, **args) is expected
+
+
+def _ifbench_rows() -> list[dict[str, Any]]:
+    data = files("ifbench").joinpath("data")
+    prompts = [
+        json.loads(line)
+        for line in data.joinpath("IFBench_test.jsonl").read_text().splitlines()
+        if line
+    ]
+    outputs = {
+        json.loads(line)["prompt"]: json.loads(line)["response"]
+        for line in data.joinpath("sample_output.jsonl").read_text().splitlines()
+        if line
+    }
+    return [{**p, "response": outputs.get(p["prompt"], "")} for p in prompts]
+
+
+def test_ifbench_prompts_we_cover_score() -> None:
+    """IFBench rows load unchanged (every kwargs key present, mostly null); wherever our
+    checkers cover a prompt's instructions, its sample output gets a definite verdict."""
+    env = InstructionFollowingEnvironment()
+    rows = _ifbench_rows()
+    assert len(rows) == 294
+    covered, verdicts = 0, []
+    for row in rows:
+        if not all(i in CHECKERS for i in row["instruction_id_list"]):
+            with pytest.raises(RowError, match="unknown instruction"):
+                env.parse_row(row)
+            continue
+        covered += 1
+        spec = env.parse_row(row)
+        score = env.score(spec, Sample(row["response"]))
+        assert score.reward in (0.0, 1.0) and score.components.keys() == {"all_followed"}
+        verdicts.append(score.reward)
+    assert covered >= 40, covered
+    assert 0 < sum(verdicts) < len(verdicts)  # some sample outputs follow, some do not
+
+
+def test_ifbench_keywords_multiple_row_by_hand() -> None:
+    row = next(
+        r for r in _ifbench_rows() if r["instruction_id_list"] == ["count:keywords_multiple"]
+    )
+    kw = row["kwargs"][0]
+    text = " ".join(
+        [kw["keyword1"]]
+        + [kw["keyword2"]] * 2
+        + [kw["keyword3"]] * 3
+        + [kw["keyword4"]] * 5
+        + [kw["keyword5"]] * 7
+    )
+    env = InstructionFollowingEnvironment()
+    assert env.score(env.parse_row(row), Sample(text)).reward == 1.0
+    assert env.score(env.parse_row(row), Sample(text + " " + kw["keyword1"])).reward == 0.0
