@@ -1,5 +1,8 @@
 """rlfleet-core: what every rlfleet service and the CLI share."""
 
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
-__version__ = version("rlfleet-core")
+try:
+    __version__ = version("rlfleet-core")
+except PackageNotFoundError:  # imported from a source tree (e.g. a GPU box's PYTHONPATH)
+    __version__ = "0+source"
