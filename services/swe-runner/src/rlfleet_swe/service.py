@@ -19,9 +19,8 @@ class SweRunnerService(BaseService):
     def add_to_server(self, server: aio.Server) -> None:
         # The generated base servicer answers UNIMPLEMENTED for every RPC until the
         # service's own servicer replaces it.
-        swe_pb2_grpc.add_SweRunnerServiceServicer_to_server(
-            swe_pb2_grpc.SweRunnerServiceServicer(), server
-        )  # type: ignore[abstract]
+        servicer = swe_pb2_grpc.SweRunnerServiceServicer()  # type: ignore[abstract]
+        swe_pb2_grpc.add_SweRunnerServiceServicer_to_server(servicer, server)
 
 
 SERVICE = ServiceDefinition(
