@@ -29,12 +29,30 @@ for lib in ("proto", "core"):
 
 DESCRIPTION = "NCCL weight broadcast GB/s between two GPUs vs a bare ProcessGroupNCCL broadcast"
 SHAPES = {
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152),
-    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
-    "llama-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                     num_attention_heads=24, num_key_value_heads=8, vocab_size=128256),
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+    ),
+    "llama-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
+    "llama-3b": dict(
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
 }
 
 
@@ -48,7 +66,14 @@ def build_model(name: str, device: torch.device) -> torch.nn.Module:
 
 
 def worker(rank: int, port: int, models: list[str], repeats: int, bucket_bytes: int, queue) -> None:  # type: ignore[no-untyped-def]
-    from rlfleet_core.weights import GroupSpec, WeightGroup, plan_buckets, receive_weights_into, send_weights, specs_of
+    from rlfleet_core.weights import (
+        GroupSpec,
+        WeightGroup,
+        plan_buckets,
+        receive_weights_into,
+        send_weights,
+        specs_of,
+    )
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
@@ -85,9 +110,16 @@ def worker(rank: int, port: int, models: list[str], repeats: int, bucket_bytes: 
             reference = build_model(name, device).state_dict()
             correct = all(torch.equal(params[k], (reference[k] + 1.0)) for k in params)
             del reference
-            queue.put({"model": name, "bytes": plan.total_bytes, "buckets": len(plan.buckets),
-                       "ours_s": statistics.median(ours[1:]), "bare_s": statistics.median(bare[1:]),
-                       "received_correctly": correct})
+            queue.put(
+                {
+                    "model": name,
+                    "bytes": plan.total_bytes,
+                    "buckets": len(plan.buckets),
+                    "ours_s": statistics.median(ours[1:]),
+                    "bare_s": statistics.median(bare[1:]),
+                    "received_correctly": correct,
+                }
+            )
         del model, params, buffers
         torch.cuda.empty_cache()
     group.close()
@@ -113,8 +145,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, models, args.repeats, args.bucket_mb << 20, queue))
-             for r in range(2)]
+    procs = [
+        ctx.Process(
+            target=worker, args=(r, port, models, args.repeats, args.bucket_mb << 20, queue)
+        )
+        for r in range(2)
+    ]
     for p in procs:
         p.start()
     rows = [queue.get(timeout=1800) for _ in models]
@@ -124,17 +160,38 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     results = []
     for row in rows:
         gbps, base_gbps = row["bytes"] / row["ours_s"] / 1e9, row["bytes"] / row["bare_s"] / 1e9
-        extra = {"model": row["model"], "bytes": row["bytes"], "buckets": row["buckets"],
-                 "bucket_mb": args.bucket_mb, "received_correctly": row["received_correctly"],
-                 "latency_s": round(row["ours_s"], 4), "bare_latency_s": round(row["bare_s"], 4)}
-        results.append(BenchResult("weight-sync-gpu", f"gbps_{row['model']}", gbps, "GB/s", base_gbps,
-                                   target=0.8, device=device, extra=extra))
+        extra = {
+            "model": row["model"],
+            "bytes": row["bytes"],
+            "buckets": row["buckets"],
+            "bucket_mb": args.bucket_mb,
+            "received_correctly": row["received_correctly"],
+            "latency_s": round(row["ours_s"], 4),
+            "bare_latency_s": round(row["bare_s"], 4),
+        }
+        results.append(
+            BenchResult(
+                "weight-sync-gpu",
+                f"gbps_{row['model']}",
+                gbps,
+                "GB/s",
+                base_gbps,
+                target=0.8,
+                device=device,
+                extra=extra,
+            )
+        )
     out = record(results, REPO / "bench" / "results")
     for line in out:
         print(json.dumps(line))
     return out
 
 
-if __name__ == "__main__":
+def run(quick: bool = False) -> list[dict[str, object]]:
+    """`rlfleet bench gpu-weight-sync` (on a machine with two GPUs)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # leave NVLink multicast off
-    main()
+    return main(["--models", "smollm2-135m,llama-1b"] if quick else [])
+
+
+if __name__ == "__main__":
+    run()

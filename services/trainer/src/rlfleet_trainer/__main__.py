@@ -1,12 +1,55 @@
-"""`rlfleet-trainer`: run the trainer service (same flags as `rlfleet serve trainer`)."""
+"""`rlfleet-trainer`: serve the trainer (same flags as `rlfleet serve trainer`), or
+`rlfleet-trainer run -c recipe.yaml --run-dir DIR [--resume] [--rows rows.jsonl] [k=v ...]`
+to train one stage in this process."""
 
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rlfleet_core.config import ConfigError, load_config
+from rlfleet_core.logs import setup_logging
+from rlfleet_core.recipe import RecipeConfig
 from rlfleet_core.server import service_main
 
 from rlfleet_trainer.service import SERVICE
 
 
-def main() -> None:
-    service_main(SERVICE)
+def run_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rlfleet-trainer run", description="Train one GRPO stage from a recipe."
+    )
+    parser.add_argument("-c", "--config", help="recipe YAML")
+    parser.add_argument("--run-dir", required=True, type=Path, help="run folder")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--rows", help="training rows JSONL (overrides data.train_path)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.rows:
+        overrides.append(f"data.train_path={args.rows}")
+    try:
+        recipe = load_config(RecipeConfig, args.config, overrides)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(f"rlfleet-trainer run: config error: {line}", file=sys.stderr)
+        return 2
+    setup_logging("trainer")
+    from rlfleet_trainer.run import run_stage
+
+    state = asyncio.run(run_stage(recipe, args.run_dir, resume=args.resume))
+    print(f"trained {state.step} steps; weight version {state.weight_version}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":
+        sys.exit(run_main(argv[1:]))
+    service_main(SERVICE, argv)
 
 
 if __name__ == "__main__":

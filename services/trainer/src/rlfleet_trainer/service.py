@@ -1,27 +1,133 @@
-"""The trainer service's definition: config, servicer and lifecycle."""
+"""The trainer service: runs a GRPO stage from its recipe in the background and answers
+`GetStatus` (phase, step, weight version, last metrics) and `SaveCheckpoint` (written at
+the next step boundary).
+
+    rlfleet serve trainer recipe.policy.model=tiny run_dir=runs/x autostart=true
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import grpc
 from grpc import aio
-from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition
+from pydantic import Field
+from rlfleet_core.recipe import RecipeConfig
+from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition, package_version
 from rlfleet_proto import TRAINER_SERVICE
-from rlfleet_proto.v1 import trainer_pb2_grpc
+from rlfleet_proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+
+from rlfleet_trainer.loop import RunContext
+
+logger = logging.getLogger(__name__)
 
 
 class TrainerServiceConfig(ServiceConfig):
     """Settings of the trainer service (`server.*` is shared by every service)."""
 
+    recipe: RecipeConfig = RecipeConfig()
+    """The stage to train (dotted overrides: recipe.grpo.lr=1e-6 ...)."""
+    run_dir: str = "runs/trainer"
+    """Run folder: ledger, metrics, checkpoints, exported HF weights."""
+    autostart: bool = False
+    """Start training as soon as the service is up; otherwise it idles (status only)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in run_dir."""
+    save_checkpoint_timeout_s: float = Field(3600.0, gt=0)
+    """How long SaveCheckpoint waits for the next step boundary."""
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
+    def __init__(self, service: TrainerService) -> None:
+        self.service = service
+
+    async def GetStatus(
+        self, request: trainer_pb2.GetTrainerStatusRequest, context: aio.ServicerContext[Any, Any]
+    ) -> trainer_pb2.TrainerStatus:
+        ctx, cfg = self.service.ctx, self.service.config
+        status = ctx.status if ctx is not None else {}
+        return trainer_pb2.TrainerStatus(
+            stage=cfg.recipe.stage if self.service.task is not None else "",
+            phase=str(status.get("phase", self.service.phase)),
+            step=int(status.get("step", 0)),
+            total_steps=cfg.recipe.grpo.max_num_steps,
+            weight_version=int(status.get("weight_version", 0)),
+            metrics={k: float(v) for k, v in status.get("metrics", {}).items()},
+            build=common_pb2.BuildInfo(
+                service="trainer",
+                package="rlfleet-trainer",
+                version=package_version("rlfleet-trainer"),
+                proto_version=package_version("rlfleet-proto"),
+            ),
+        )
+
+    async def SaveCheckpoint(
+        self, request: trainer_pb2.SaveCheckpointRequest, context: aio.ServicerContext[Any, Any]
+    ) -> trainer_pb2.SaveCheckpointResponse:
+        task = self.service.task
+        if task is None or task.done():
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "no stage is training (start the service with autostart=true)",
+            )
+            raise AssertionError  # unreachable
+        future: asyncio.Future[tuple[Path, int]] = asyncio.get_running_loop().create_future()
+        self.service.checkpoint_requests.append(future)
+        path, step = await asyncio.wait_for(
+            future, timeout=self.service.config.save_checkpoint_timeout_s
+        )
+        return trainer_pb2.SaveCheckpointResponse(path=str(path), step=step)
+
 
 class TrainerService(BaseService):
     def __init__(self, config: TrainerServiceConfig) -> None:
         self.config = config
+        self.ctx: RunContext | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.phase = "idle"
+        self.checkpoint_requests: list[asyncio.Future[tuple[Path, int]]] = []
+        """Shared with the run once it is built (requests may come during start-up)."""
 
     def add_to_server(self, server: aio.Server) -> None:
-        # The generated base servicer answers UNIMPLEMENTED for every RPC until the
-        # service's own servicer replaces it.
-        trainer_pb2_grpc.add_TrainerServiceServicer_to_server(
-            trainer_pb2_grpc.TrainerServiceServicer(), server
-        )  # type: ignore[abstract]
+        trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(self), server)
+
+    async def start(self) -> None:
+        if self.config.autostart:
+            self.task = asyncio.create_task(self._train())
+
+    async def _train(self) -> None:
+        from rlfleet_trainer.loop import run_grpo
+        from rlfleet_trainer.run import build_context
+
+        self.phase = "starting"
+        try:
+            self.ctx = await asyncio.to_thread(
+                build_context, self.config.recipe, Path(self.config.run_dir)
+            )
+            self.ctx.checkpoint_requests = self.checkpoint_requests
+            await run_grpo(self.ctx, resume=self.config.resume)
+            if self.config.recipe.checkpoint.export_hf:
+                self.ctx.backend.export_hf(Path(self.config.run_dir) / "hf")
+            self.phase = "done"
+        except Exception as exc:
+            self.phase = "failed"
+            logger.exception("training failed")
+            for future in self.checkpoint_requests:
+                if not future.done():
+                    future.set_exception(RuntimeError(f"training failed: {exc}"))
+        finally:
+            if self.ctx is not None:
+                self.ctx.status["phase"] = self.phase
+                await self.ctx.rollout.close()
+                await self.ctx.reward.close()
+
+    async def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 SERVICE = ServiceDefinition(

@@ -1,0 +1,264 @@
+"""The torch policy backend: a Hugging Face transformers causal LM trained with AdamW.
+
+- CPU and one GPU: float32 weights; on GPU with dtype bfloat16 the forward/backward run
+  under bf16 autocast while parameters and optimizer state stay float32 (mixed precision).
+- Several GPUs: FSDP2 (`torch.distributed.fsdp.fully_shard`) over the data-parallel
+  ranks of the default process group (launch with torchrun). Each decoder layer is its own
+  FSDP unit, then the root; each rank trains on its slice of the global batch and the loss
+  normaliser (valid tokens/sequences) is all-reduced, so the summed gradient equals the
+  single-process one. `hf_state_dict` gathers full tensors (DTensor.full_tensor) for
+  publishing. Exercised on CPU with gloo at world size 1 in the tests.
+
+Shape legend: N = samples, L = sequence length, T = L − 1 prediction positions, V = vocab.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from rlfleet_trainer.algorithms.losses import LossConfig, LossInputs, compute_policy_loss
+from rlfleet_trainer.batch import TrainBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TorchBackendConfig:
+    model_path: Path
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    warmup_steps: int = 0
+    dtype: str = "auto"
+    train_micro_batch_size: int = 4
+    logprob_micro_batch_size: int = 8
+    temperature: float = 1.0
+    """Logits are divided by this before log-softmax, so logprobs are those of the
+    distribution the rollout sampled from (NeMo-RL does the same)."""
+    keep_reference: bool = False
+    """Keep a frozen copy of the initial weights for KL (kl_coef > 0)."""
+    fsdp: bool | None = None
+    """Shard with FSDP2; None = when the default process group has more than one rank."""
+    activation_checkpointing: bool = False
+    device: str | None = None
+    """None = cuda if available (this rank's GPU) else cpu."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def token_logprobs_and_entropy(
+    logits_NTV: torch.Tensor, targets_NT: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(z/τ)[target] and the entropy −Σ p log p of softmax(z/τ), in float32."""
+    logits_NTV = logits_NTV.float()
+    if temperature != 1.0:
+        logits_NTV = logits_NTV / temperature
+    log_probs_NTV = torch.log_softmax(logits_NTV, dim=-1)
+    logprobs_NT = log_probs_NTV.gather(-1, targets_NT.unsqueeze(-1)).squeeze(-1)
+    entropy_NT = -(log_probs_NTV.exp() * log_probs_NTV).sum(dim=-1)
+    return logprobs_NT, entropy_NT
+
+
+def _linear_warmup(warmup_steps: int) -> Any:
+    def factor(step: int) -> float:
+        return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
+
+    return factor
+
+
+class TorchPolicy:
+    """`PolicyBackend` over a HF `AutoModelForCausalLM`."""
+
+    def __init__(self, config: TorchBackendConfig) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        self.device = torch.device(
+            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        self.autocast_dtype: torch.dtype | None = None
+        if config.dtype == "bfloat16" or (config.dtype == "auto" and self.device.type == "cuda"):
+            self.autocast_dtype = torch.bfloat16
+        self.model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
+        self.model.to(self.device)  # type: ignore[arg-type]
+        self.model.config.use_cache = False
+        if config.activation_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.reference: torch.nn.Module | None = None
+        if config.keep_reference:
+            self.reference = copy.deepcopy(self.model)
+            self.reference.eval()  # type: ignore[no-untyped-call]
+            self.reference.requires_grad_(False)
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.fsdp_enabled = config.fsdp if config.fsdp is not None else self.world_size > 1
+        if self.fsdp_enabled:
+            apply_fsdp(self.model)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            fused=self.device.type == "cuda",
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _linear_warmup(config.warmup_steps)
+        )
+
+    # --- scoring --------------------------------------------------------------------------
+
+    def _forward(
+        self, model: torch.nn.Module, batch: TrainBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        input_ids_NL = batch.input_ids_NL.to(self.device)
+        attention_mask_NL = batch.attention_mask_NL.to(self.device)
+        with torch.autocast(
+            self.device.type,
+            dtype=self.autocast_dtype or torch.float32,
+            enabled=self.autocast_dtype is not None,
+        ):
+            logits_NLV = model(input_ids=input_ids_NL, attention_mask=attention_mask_NL).logits
+        return token_logprobs_and_entropy(
+            logits_NLV[:, :-1], input_ids_NL[:, 1:], self.config.temperature
+        )
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> torch.Tensor:
+        model = self.reference if reference else self.model
+        if model is None:
+            raise RuntimeError("reference logprobs need keep_reference=True (grpo.kl_coef > 0)")
+        model.eval()
+        out_NT = torch.zeros_like(batch.generation_logprobs_NT)
+        step = self.config.logprob_micro_batch_size
+        for start in range(0, batch.size, step):
+            part = batch.slice(start, min(start + step, batch.size))
+            logprobs_NT, _ = self._forward(model, part)
+            width = logprobs_NT.shape[1]
+            out_NT[start : start + part.size, :width] = logprobs_NT.float().cpu()
+        return out_NT
+
+    # --- training -------------------------------------------------------------------------
+
+    def _global_counts(self, batch: TrainBatch) -> tuple[float, float]:
+        counts = torch.tensor(
+            [batch.global_valid_tokens(), batch.global_valid_sequences()], dtype=torch.float64
+        )
+        if self.world_size > 1:
+            # Each rank holds its slice of the global batch; the normaliser is global.
+            dist.all_reduce(counts)
+        return float(counts[0]), float(counts[1])
+
+    def train_step(self, batch: TrainBatch, loss_config: LossConfig) -> dict[str, float]:
+        self.model.train()
+        tokens, sequences = self._global_counts(batch)
+        metrics: dict[str, float] = {}
+        step = self.config.train_micro_batch_size
+        for start in range(0, batch.size, step):
+            part = batch.slice(start, min(start + step, batch.size))
+            logprobs_NT, entropy_NT = self._forward(self.model, part)
+            mask_NT = part.mask_NT.to(self.device)
+            out = compute_policy_loss(
+                LossInputs(
+                    logprobs_BT=logprobs_NT,
+                    generation_logprobs_BT=part.generation_logprobs_NT.to(self.device),
+                    advantages_B=part.advantages_N.to(self.device),
+                    mask_BT=mask_NT,
+                    prev_logprobs_BT=_to(part.prev_logprobs_NT, self.device),
+                    reference_logprobs_BT=_to(part.reference_logprobs_NT, self.device),
+                    entropy_BT=entropy_NT,
+                ),
+                loss_config,
+                tokens,
+                sequences,
+            )
+            out.loss.backward()  # type: ignore[no-untyped-call]
+            for key, value in out.metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        metrics["grad_norm"] = self._clip_and_step()
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        return metrics
+
+    def _clip_and_step(self) -> float:
+        max_norm = self.config.max_grad_norm or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # DTensor under FSDP2
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    # --- weights --------------------------------------------------------------------------
+
+    def hf_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            yield name, tensor.detach().cpu()
+
+    def save(self, path: Path) -> None:
+        save_file(
+            {name: t.contiguous() for name, t in self.hf_state_dict()},
+            str(path / "model.safetensors"),
+        )
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+            path / "optimizer.pt",
+        )
+
+    def load(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+        state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def export_hf(self, path: Path) -> None:
+        export_hf_folder(dict(self.hf_state_dict()), self.config.model_path, path)
+
+
+def export_hf_folder(state_dict: dict[str, torch.Tensor], source_model: Path, path: Path) -> None:
+    """Write config, tokenizer files and `model.safetensors` so that
+    `AutoModelForCausalLM.from_pretrained(path)` loads these weights."""
+    import shutil
+
+    path.mkdir(parents=True, exist_ok=True)
+    for item in Path(source_model).iterdir():
+        if (
+            item.is_file()
+            and not item.name.endswith((".safetensors", ".bin", ".gguf"))
+            and (item.name != "model.safetensors.index.json")
+        ):
+            shutil.copy2(item, path / item.name)
+    # Tied embeddings share storage; safetensors refuses shared tensors, so clone.
+    tensors = {name: t.detach().cpu().clone().contiguous() for name, t in state_dict.items()}
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def apply_fsdp(model: torch.nn.Module) -> None:
+    """FSDP2: each decoder layer is a unit (its params gathered just in time), then the
+    root (embeddings, norm, head). Uses the default process group's ranks."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"FSDP2: {type(model).__name__} has no .model.layers to shard")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)

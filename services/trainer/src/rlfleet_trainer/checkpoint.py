@@ -1,0 +1,124 @@
+"""Atomic checkpoints of a GRPO run.
+
+Layout of `<dir>/step_<n>/`:
+    policy/               the backend's save() (model.safetensors, optimizer.pt)
+    trainer_state.json    step, weight version, data cursor, ledger length, collector
+                          state (prompt indices in flight), replay buffer, metrics
+    rng.pt                Python, NumPy and torch (CPU + CUDA) generator states
+
+A checkpoint is written into `<dir>/.tmp-step_<n>-<pid>/`, fsync'ed, then renamed to
+`step_<n>` (rename is atomic on POSIX), so a `step_*` folder is always complete: a kill at
+any moment leaves either the old set of checkpoints or the old set plus the new one.
+Leftover `.tmp-*` folders are removed when the next checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlfleet_trainer.backends.base import PolicyBackend
+
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    weight_version: int = 0
+    data_cursor: int = 0
+    ledger_bytes: int = 0
+    collector: dict[str, Any] = field(default_factory=dict)
+    replay_buffer: list[dict[str, Any]] = field(default_factory=list)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    for folder in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def save_checkpoint(
+    directory: Path,
+    state: TrainerState,
+    backend: PolicyBackend,
+    keep_last: int,
+    crash_hook: Any = None,
+) -> Path:
+    """Write step_<state.step> atomically and prune older checkpoints beyond `keep_last`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for leftover in directory.glob(".tmp-step_*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    final = directory / f"step_{state.step}"
+    tmp = directory / f".tmp-step_{state.step}-{os.getpid()}"
+    (tmp / "policy").mkdir(parents=True)
+    backend.save(tmp / "policy")
+    (tmp / STATE_FILE).write_text(json.dumps(state.__dict__, sort_keys=True))
+    torch.save(rng_state(), tmp / "rng.pt")
+    _fsync_tree(tmp)
+    if crash_hook is not None:
+        crash_hook("checkpoint_before_rename")
+    if final.exists():  # the same step saved again (e.g. SaveCheckpoint at the end)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    for old in list_checkpoints(directory)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.glob("step_*") if p.is_dir() and (p / STATE_FILE).exists()]
+    return sorted(found, key=lambda p: int(p.name.split("_", 1)[1]))
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, backend: PolicyBackend) -> TrainerState:
+    """Restore model, optimizer and RNG; returns the trainer state to continue from."""
+    backend.load(path / "policy")
+    set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    return TrainerState(**json.loads((path / STATE_FILE).read_text()))

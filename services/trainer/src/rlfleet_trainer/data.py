@@ -1,0 +1,134 @@
+"""Prompt rows in NeMo-Gym shape, tokenized once, served in a seeded order with a cursor.
+
+Row shape: `responses_create_params.input` (a list of chat messages, or a string taken
+as one user message), an environment name in `env` or `agent_ref.name`, optional `id`,
+plus the environment's verification fields (passed to the reward gateway untouched).
+
+Order: epoch e visits the rows in the permutation seeded by (seed, e); the cursor is the
+count of prompts issued so far, so prompt k is row perm_e[k mod n] of epoch e = k div n,
+with id `<row id>@<e>`. A checkpoint stores only the cursor: resuming re-derives the order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    """`<row id>@<epoch>`: unique for each use of a row in a run."""
+    index: int
+    """Position in the run's prompt stream (what a checkpoint stores to re-issue it)."""
+    env: str
+    row_json: str
+    """The data row as JSON, for the reward gateway."""
+    token_ids: tuple[int, ...]
+    """Chat template applied, generation prompt added."""
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    rows = []
+    with Path(path).open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object per line")
+            rows.append(row)
+    return rows
+
+
+def row_messages(row: dict[str, Any]) -> list[dict[str, str]]:
+    """The chat messages of a NeMo-Gym row (`responses_create_params.input`)."""
+    params = row.get("responses_create_params")
+    if not isinstance(params, dict) or "input" not in params:
+        raise ValueError(f"row {row.get('id', '?')}: missing responses_create_params.input")
+    messages = params["input"]
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def row_env(row: dict[str, Any], default_env: str) -> str:
+    agent_ref = row.get("agent_ref")
+    if isinstance(agent_ref, dict) and agent_ref.get("name"):
+        return str(agent_ref["name"])
+    return str(row.get("env") or default_env)
+
+
+class PromptSource:
+    """Infinite, seeded stream of prompts over a list of rows."""
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        *,
+        seed: int,
+        shuffle: bool = True,
+        default_env: str = "math",
+        max_prompt_tokens: int | None = None,
+    ) -> None:
+        if not rows:
+            raise ValueError("no prompt rows: the data set is empty")
+        self.rows = list(rows)
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.shuffle = shuffle
+        self.default_env = default_env
+        self.max_prompt_tokens = max_prompt_tokens
+        self.cursor = 0
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.rows)))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}
+        return self._orders[epoch]
+
+    def prompt_at(self, index: int) -> Prompt:
+        epoch, position = divmod(index, len(self.rows))
+        row_index = self._order(epoch)[position]
+        row = self.rows[row_index]
+        row_id = str(row.get("id", row_index))
+        token_ids = self.tokenizer.apply_chat_template(
+            row_messages(row), add_generation_prompt=True, tokenize=True
+        )
+        if hasattr(token_ids, "keys"):  # transformers 5 returns a BatchEncoding
+            token_ids = token_ids["input_ids"]
+        return Prompt(
+            prompt_id=f"{row_id}@{epoch}",
+            index=index,
+            env=row_env(row, self.default_env),
+            row_json=json.dumps(row),
+            token_ids=tuple(int(t) for t in token_ids),
+        )
+
+    def next(self) -> Prompt:
+        prompt = self.prompt_at(self.cursor)
+        self.cursor += 1
+        return prompt
+
+    def too_long(self, prompt: Prompt) -> bool:
+        return self.max_prompt_tokens is not None and len(prompt.token_ids) > self.max_prompt_tokens
+
+    def issued_ids(self) -> list[str]:
+        """Ids of every prompt issued so far (for the ledger check)."""
+        return [self._id_at(i) for i in range(self.cursor)]
+
+    def _id_at(self, index: int) -> str:
+        epoch, position = divmod(index, len(self.rows))
+        row_index = self._order(epoch)[position]
+        return f"{self.rows[row_index].get('id', row_index)}@{epoch}"

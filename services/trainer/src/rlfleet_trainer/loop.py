@@ -1,0 +1,357 @@
+"""The GRPO main loop, synchronous and asynchronous (DESIGN.md §1).
+
+Synchronous (`grpo.max_trajectory_age_steps=0`): generate a step's prompt groups with the
+current weights, train, publish, repeat — generation and training never overlap.
+Asynchronous (age ≥ 1): the collector keeps `prompts_per_step × max_age × 2` groups in
+flight or buffered while the policy trains; after each step the new weights are pushed to
+the rollout service in flight, and groups older than `max_age` versions are dropped.
+Training runs in a worker thread so the event loop keeps streaming results meanwhile.
+
+`run_grpo` is the whole loop, top to bottom; `RunContext` holds what setup built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlfleet_core.recipe import RecipeConfig
+
+from rlfleet_trainer.algorithms import LossConfig
+from rlfleet_trainer.backends.base import PolicyBackend
+from rlfleet_trainer.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from rlfleet_trainer.clients import RewardClient, RolloutClient, Sampling
+from rlfleet_trainer.collector import Collector
+from rlfleet_trainer.data import PromptSource
+from rlfleet_trainer.ledger import Ledger, LedgerEntry
+from rlfleet_trainer.replay import PromptGroup
+from rlfleet_trainer.steps import loss_config_from_recipe, prepare_step, split_informative
+
+logger = logging.getLogger(__name__)
+
+MAX_DYNAMIC_SAMPLING_ROUNDS = 8
+"""Dynamic sampling collects more groups until the step has num_prompts_per_step
+informative ones, at most this many rounds; then it trains on what it has."""
+
+MAX_EMPTY_STEPS = 3
+"""Consecutive steps without a single informative group before the run stops."""
+
+CRASH_ENV = "RLFLEET_TRAINER_CRASH_AT"
+"""Test hook: `<point>:<step>` kills this process with SIGKILL at that point of that step
+(points: after_train, after_ledger, checkpoint_before_rename, after_checkpoint,
+after_publish). Used by the kill -9 / resume test."""
+
+
+def crash_hook(point: str, step: int) -> None:
+    wanted = os.environ.get(CRASH_ENV, "")
+    if wanted and wanted == f"{point}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class RunContext:
+    recipe: RecipeConfig
+    backend: PolicyBackend
+    source: PromptSource
+    rollout: RolloutClient
+    reward: RewardClient
+    tokenizer: Any
+    run_dir: Path
+    val_source: PromptSource | None = None
+    on_step: Callable[[int, dict[str, float]], None] | None = None
+    """Called after each step with its metrics (the service's status, tests)."""
+    status: dict[str, Any] = field(default_factory=dict)
+    """phase, step, weight_version, metrics: what TrainerService.GetStatus reports."""
+    checkpoint_requests: list[asyncio.Future[tuple[Path, int]]] = field(default_factory=list)
+    """SaveCheckpoint calls waiting for the next step boundary."""
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        path = Path(self.recipe.checkpoint.dir)
+        return path if path.is_absolute() else self.run_dir / path
+
+
+async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
+    """Train `grpo.max_num_steps` steps (continuing from the latest checkpoint if
+    `resume`); returns the final state. Every prompt issued ends in the ledger."""
+    recipe, g = ctx.recipe, ctx.recipe.grpo
+    ledger = Ledger(ctx.run_dir / "ledger.jsonl")
+    collector = build_collector(ctx)
+    state = await restore_or_start(ctx, ledger, collector, resume)
+    loss_config = loss_config_from_recipe(recipe)
+    limit = g.num_prompts_per_step * max(2 * g.max_trajectory_age_steps, 1)
+    collector.auto_fill_limit = limit if g.async_enabled else None
+    metrics_file = (ctx.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+    empty_steps = 0
+    try:
+        while state.step < g.max_num_steps:
+            started = time.monotonic()
+            ctx.status["phase"] = "generating"
+            groups, rounds = await gather_groups(ctx, collector, state.weight_version, limit)
+            waited = time.monotonic() - started
+            prepared = prepare_step(
+                groups, recipe, state.weight_version, ctx.tokenizer.pad_token_id or 0
+            )
+            if prepared.batch is None:
+                ledger_step(ledger, collector, [], state)
+                empty_steps += 1
+                if empty_steps >= MAX_EMPTY_STEPS:
+                    raise RuntimeError(
+                        f"dynamic sampling found no group with reward variance in "
+                        f"{empty_steps * MAX_DYNAMIC_SAMPLING_ROUNDS} rounds; the task is all "
+                        "solved or all failed: check the rewards or set grpo.dynamic_sampling=false"
+                    )
+                continue
+            empty_steps = 0
+            ctx.status["phase"] = "training"
+            train_metrics, timings = await train_on(ctx.backend, prepared.batch, loss_config)
+            state.step += 1
+            state.weight_version += 1
+            crash_hook("after_train", state.step)
+            state.ledger_bytes = ledger_step(ledger, collector, prepared.trained, state)
+            crash_hook("after_ledger", state.step)
+            ctx.status["phase"] = "publishing"
+            timings["publish_s"] = await publish_weights(ctx, state.weight_version)
+            crash_hook("after_publish", state.step)
+            metrics = {
+                **prepared.metrics,
+                **train_metrics,
+                **{f"timing/{k}": v for k, v in timings.items()},
+                "timing/wait_for_groups_s": waited,
+                "timing/step_s": time.monotonic() - started,
+                "throughput/train_tokens_per_s": prepared.batch.num_tokens
+                / max(timings["train_s"], 1e-9),
+                "dynamic_sampling/rounds": float(rounds),
+                **{f"dropped/{k}": float(v) for k, v in collector.stats.drops.items()},
+                "weight_version": float(state.weight_version),
+            }
+            if g.val_every_steps and state.step % g.val_every_steps == 0:
+                metrics["val/reward"] = await validate(ctx)
+            log_step(metrics_file, state, metrics, ctx)
+            if checkpoint_due(recipe, state.step) or ctx.checkpoint_requests:
+                ctx.status["phase"] = "checkpointing"
+                path = write_checkpoint(ctx, ledger, collector, state)
+                crash_hook("after_checkpoint", state.step)
+                answer_checkpoint_requests(ctx, path, state.step)
+        await collector.shutdown(state.step)
+        state.ledger_bytes = ledger_step(ledger, collector, [], state)
+        state.data_cursor = ctx.source.cursor
+        ctx.status["phase"] = "idle"
+        return state
+    finally:
+        metrics_file.close()
+        await collector.cancel()
+
+
+def build_collector(ctx: RunContext) -> Collector:
+    recipe = ctx.recipe
+    return Collector(
+        ctx.source,
+        ctx.rollout,
+        ctx.reward,
+        lambda ids: ctx.tokenizer.decode(ids, skip_special_tokens=True),
+        group_size=recipe.grpo.num_generations_per_prompt,
+        sampling=Sampling(
+            temperature=recipe.generation.temperature,
+            top_p=recipe.generation.top_p,
+            top_k=recipe.generation.top_k,
+            max_tokens=recipe.generation.max_new_tokens,
+        ),
+        buffer_max_age=recipe.grpo.max_trajectory_age_steps,
+        max_failures=recipe.grpo.max_generation_failures,
+    )
+
+
+async def restore_or_start(
+    ctx: RunContext, ledger: Ledger, collector: Collector, resume: bool
+) -> TrainerState:
+    """Fresh: state 0 (the rollout already serves the initial weights at version 0).
+    Resume: restore the latest checkpoint, cut the ledger back to it, re-issue its
+    in-flight prompts, and publish the restored weights under a version newer than any
+    the rollout has seen; buffered groups are re-based by the same offset so their lag
+    is unchanged."""
+    path = latest_checkpoint(ctx.checkpoint_dir) if resume else None
+    if path is None:
+        if resume:
+            logger.info("no checkpoint in %s: starting fresh", ctx.checkpoint_dir)
+        ledger.truncate(0)
+        served = await ctx.rollout.weight_version()
+        state = TrainerState()
+        if served != 0:
+            state.weight_version = served + 1
+            await publish_weights(ctx, state.weight_version)
+        return state
+    state = load_checkpoint(path, ctx.backend)
+    ledger.truncate(state.ledger_bytes)
+    ctx.source.cursor = state.data_cursor
+    collector.restore(state.collector)
+    collector.buffer.load_json(state.replay_buffer)
+    served = await ctx.rollout.weight_version()
+    new_version = max(state.weight_version, served) + 1
+    collector.buffer.rebase_versions(new_version - state.weight_version)
+    state.weight_version = new_version
+    await publish_weights(ctx, new_version)
+    logger.info("resumed from %s at step %d (weight version %d)", path, state.step, new_version)
+    return state
+
+
+async def gather_groups(
+    ctx: RunContext, collector: Collector, version: int, limit: int
+) -> tuple[list[PromptGroup], int]:
+    """num_prompts_per_step fresh groups; with dynamic sampling, zero-variance groups are
+    dropped (`zero_variance`) and replaced, for at most MAX_DYNAMIC_SAMPLING_ROUNDS."""
+    g = ctx.recipe.grpo
+    kept: list[PromptGroup] = []
+    rounds = 0
+    while rounds < MAX_DYNAMIC_SAMPLING_ROUNDS:
+        rounds += 1
+        need = g.num_prompts_per_step - len(kept)
+        await collector.wait_for_groups(need, version, limit)
+        informative, zero = split_informative(collector.take(need), g.dynamic_sampling)
+        kept += informative
+        for group in zero:
+            collector.drop(group.prompt_id, "zero_variance")
+        if len(kept) >= g.num_prompts_per_step:
+            break
+    return kept, rounds
+
+
+async def train_on(
+    backend: PolicyBackend, batch: Any, loss_config: LossConfig
+) -> tuple[dict[str, float], dict[str, float]]:
+    """prev/reference logprobs (when needed), then one optimizer step, in a worker thread
+    so generation results keep streaming in."""
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    if not loss_config.force_on_policy_ratio:
+        batch.prev_logprobs_NT = await asyncio.to_thread(backend.logprobs, batch)
+    if loss_config.kl_coef > 0:
+        batch.reference_logprobs_NT = await asyncio.to_thread(
+            backend.logprobs, batch, reference=True
+        )
+    timings["logprobs_s"] = time.monotonic() - started
+    started = time.monotonic()
+    metrics = await asyncio.to_thread(backend.train_step, batch, loss_config)
+    timings["train_s"] = time.monotonic() - started
+    return metrics, timings
+
+
+def ledger_step(
+    ledger: Ledger, collector: Collector, trained: list[PromptGroup], state: TrainerState
+) -> int:
+    """Append this step's outcomes (trained groups + every drop since the last step)."""
+    entries = [LedgerEntry(g.prompt_id, "trained", "", state.step) for g in trained]
+    entries += [LedgerEntry(d.prompt_id, d.outcome, d.reason, state.step) for d in collector.drops]
+    collector.drops.clear()
+    return ledger.append(entries)
+
+
+async def publish_weights(ctx: RunContext, version: int) -> float:
+    """Push the policy's HF-named weights to the rollout service as `version`."""
+    started = time.monotonic()
+    g = ctx.recipe.grpo
+    tensors = await asyncio.to_thread(lambda: list(ctx.backend.hf_state_dict()))
+    ctx.rollout.recompute_kv_cache = g.recompute_kv_cache_after_weight_updates
+    if g.async_enabled and not g.in_flight_weight_updates:
+        # Let requests in flight finish under the old weights before the update.
+        await ctx.rollout.pause_until_drained()
+    try:
+        await send_weights(ctx, version, tensors)
+    finally:
+        if g.async_enabled and not g.in_flight_weight_updates:
+            await ctx.rollout.resume()
+    return time.monotonic() - started
+
+
+async def send_weights(ctx: RunContext, version: int, tensors: list[tuple[str, Any]]) -> None:
+    services = ctx.recipe.services
+    if services.weight_transport == "grpc_stream":
+        await ctx.rollout.publish_stream(version, tensors)
+    elif services.weight_transport == "shared_file":
+        assert services.shared_dir is not None  # checked by the recipe
+        await ctx.rollout.publish_shared_file(version, tensors, Path(services.shared_dir))
+    else:  # gloo / nccl: a weight group formed on first use
+        if getattr(ctx.rollout, "group", None) is None:
+            await ctx.rollout.init_collective(services.weight_transport)
+        await ctx.rollout.publish_collective(version, tensors)
+
+
+def answer_checkpoint_requests(ctx: RunContext, path: Path, step: int) -> None:
+    for future in ctx.checkpoint_requests:
+        if not future.done():
+            future.set_result((path, step))
+    ctx.checkpoint_requests.clear()
+
+
+def checkpoint_due(recipe: RecipeConfig, step: int) -> bool:
+    every = recipe.checkpoint.save_every_steps
+    return step == recipe.grpo.max_num_steps or (every > 0 and step % every == 0)
+
+
+def write_checkpoint(
+    ctx: RunContext, ledger: Ledger, collector: Collector, state: TrainerState
+) -> Path:
+    """Snapshot without yielding to the event loop: drops that happened since the step
+    go to the ledger first, then collector, buffer and cursor are captured together."""
+    state.ledger_bytes = ledger_step(ledger, collector, [], state)
+    state.data_cursor = ctx.source.cursor
+    state.collector = collector.state()
+    state.replay_buffer = collector.buffer.to_json()
+    return save_checkpoint(
+        ctx.checkpoint_dir,
+        state,
+        ctx.backend,
+        ctx.recipe.checkpoint.keep_last,
+        crash_hook=lambda point: crash_hook(point, state.step),
+    )
+
+
+async def validate(ctx: RunContext) -> float:
+    """Mean greedy reward over the first num_val_prompts held-out prompts."""
+    if ctx.val_source is None:
+        return float("nan")
+    greedy = Sampling(
+        temperature=0.0, top_p=1.0, top_k=0, max_tokens=ctx.recipe.generation.max_new_tokens
+    )
+    count = min(ctx.recipe.grpo.num_val_prompts, len(ctx.val_source.rows))
+
+    async def one(index: int) -> float:
+        prompt = ctx.val_source.prompt_at(index)  # type: ignore[union-attr]
+        (result,) = await ctx.rollout.generate(f"val-{index}", prompt.token_ids, 1, greedy)
+        text = ctx.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
+        (score,) = await ctx.reward.score_group(
+            f"val-{index}", prompt.env, prompt.row_json, [text], [len(result.token_ids)]
+        )
+        return score.reward
+
+    rewards = await asyncio.gather(*(one(i) for i in range(count)))
+    return sum(rewards) / max(len(rewards), 1)
+
+
+def log_step(file: Any, state: TrainerState, metrics: dict[str, float], ctx: RunContext) -> None:
+    state.last_metrics = metrics
+    ctx.status.update(step=state.step, weight_version=state.weight_version, metrics=metrics)
+    file.write(json.dumps({"step": state.step, **metrics}) + "\n")
+    file.flush()
+    logger.info(
+        "step %d reward %.3f loss %.4f lag %.1f",
+        state.step,
+        metrics.get("reward/mean", float("nan")),
+        metrics.get("loss", float("nan")),
+        metrics.get("policy_lag/max", 0.0),
+    )
+    if ctx.on_step is not None:
+        ctx.on_step(state.step, metrics)

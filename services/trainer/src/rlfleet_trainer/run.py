@@ -1,0 +1,150 @@
+"""Setup of a GRPO stage from a recipe: model, backend, data, clients → `RunContext`,
+then `run_grpo`. `run_stage` is what `rlfleet-trainer run` and the service call."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rlfleet_core.recipe import RecipeConfig
+
+from rlfleet_trainer.backends.base import PolicyBackend
+from rlfleet_trainer.checkpoint import TrainerState, latest_checkpoint
+from rlfleet_trainer.clients import RewardClient, RolloutClient
+from rlfleet_trainer.data import PromptSource, read_jsonl
+from rlfleet_trainer.loop import RunContext, run_grpo
+
+logger = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def logprob_temperature(recipe: RecipeConfig) -> float:
+    """τ the trainer divides logits by, matching the rollout's `generation.logprobs_mode`."""
+    if recipe.generation.logprobs_mode == "processed" and recipe.generation.temperature > 0:
+        return recipe.generation.temperature
+    return 1.0
+
+
+def build_backend(recipe: RecipeConfig, model_path: Path) -> PolicyBackend:
+    """The policy backend named by `policy.backend`."""
+    p = recipe.policy
+    if p.backend == "torch":
+        from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
+
+        return TorchPolicy(
+            TorchBackendConfig(
+                model_path=model_path,
+                lr=recipe.grpo.lr,
+                weight_decay=p.optimizer.weight_decay,
+                betas=p.optimizer.betas,
+                eps=p.optimizer.eps,
+                max_grad_norm=p.optimizer.max_grad_norm,
+                warmup_steps=p.optimizer.warmup_steps,
+                dtype=p.dtype,
+                train_micro_batch_size=p.train_micro_batch_size,
+                logprob_micro_batch_size=p.logprob_micro_batch_size,
+                temperature=logprob_temperature(recipe),
+                keep_reference=recipe.grpo.kl_coef > 0,
+                activation_checkpointing=p.activation_checkpointing,
+            )
+        )
+    if p.backend == "megatron":
+        from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
+
+        return MegatronPolicy.from_recipe(recipe, model_path)
+    raise ValueError(f"unknown policy.backend {p.backend!r}; valid: torch, megatron")
+
+
+def build_context(
+    recipe: RecipeConfig,
+    run_dir: Path,
+    rows: Sequence[dict[str, Any]] | None = None,
+    val_rows: Sequence[dict[str, Any]] | None = None,
+) -> RunContext:
+    from rlfleet_core.models import resolve_model
+    from transformers import AutoTokenizer
+
+    seed_everything(recipe.grpo.seed)
+    model_path = resolve_model(recipe.policy.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = rows if rows is not None else _rows(recipe.data.train_path, "data.train_path")
+    if val_rows is None and recipe.data.val_path:
+        val_rows = read_jsonl(recipe.data.val_path)
+    max_prompt = recipe.data.max_prompt_tokens or (
+        recipe.policy.max_total_sequence_length - recipe.generation.max_new_tokens
+    )
+
+    def source(data: Sequence[dict[str, Any]], shuffle: bool) -> PromptSource:
+        return PromptSource(
+            data,
+            tokenizer,
+            seed=recipe.grpo.seed,
+            shuffle=shuffle,
+            default_env=recipe.data.default_env,
+            max_prompt_tokens=max_prompt,
+        )
+
+    services = recipe.services
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "recipe.json").write_text(recipe.model_dump_json(indent=2))
+    return RunContext(
+        recipe=recipe,
+        backend=build_backend(recipe, model_path),
+        source=source(rows, recipe.data.shuffle),
+        val_source=source(val_rows, False) if val_rows else None,
+        rollout=RolloutClient(
+            services.rollout, services.generate_timeout_s, services.weight_bucket_bytes
+        ),
+        reward=RewardClient(services.reward, services.score_timeout_s),
+        tokenizer=tokenizer,
+        run_dir=run_dir,
+    )
+
+
+def _rows(path: str | None, key: str) -> list[dict[str, Any]]:
+    if not path:
+        raise ValueError(f"{key} is not set: give the training rows (JSONL) or pass rows")
+    return read_jsonl(path)
+
+
+async def run_stage(
+    recipe: RecipeConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    rows: Sequence[dict[str, Any]] | None = None,
+    val_rows: Sequence[dict[str, Any]] | None = None,
+) -> TrainerState:
+    """Train the stage, export the final weights as a HF folder, return the final state."""
+    ctx = build_context(recipe, run_dir, rows, val_rows)
+    try:
+        state = await run_grpo(ctx, resume=resume)
+        if recipe.checkpoint.export_hf:
+            ctx.backend.export_hf(run_dir / "hf")
+        (run_dir / "summary.json").write_text(
+            json.dumps(
+                {
+                    "step": state.step,
+                    "weight_version": state.weight_version,
+                    "data_cursor": state.data_cursor,
+                    "checkpoint": str(latest_checkpoint(ctx.checkpoint_dir)),
+                    "metrics": state.last_metrics,
+                },
+                indent=2,
+            )
+        )
+        return state
+    finally:
+        await ctx.rollout.close()
+        await ctx.reward.close()

@@ -1,0 +1,285 @@
+"""TEST DOUBLES of the rollout and reward services, for the trainer's own tests and its
+benchmark: small but real gRPC servers implementing `RolloutService` and `RewardService`
+from the protos, so the trainer is exercised over the wire exactly as in production.
+
+- `DoubleRollout`: samples from a HF causal LM (ancestral sampling from
+  softmax(logits / temperature), per-token *raw* logprobs as rlfleet's engines report), streams each sample, takes weights by StreamWeights
+  or a shared safetensors file, refuses versions that are not newer.
+- `DoubleReward`: reward = share of the response's characters found in the row's
+  `target_chars` (default "e"), a dense, learnable signal for a random tiny model.
+
+They are not the real services (services/rollout, services/reward); the cross-service
+tests in tests/test_learning_*.py use those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from grpc import aio
+from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition, start_service
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from safetensors.torch import load_file
+
+from rlfleet_trainer.clients import DTYPE_TO_TORCH
+
+
+class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, model_path: Path, seed: int = 0, delay_per_token_s: float = 0.0) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_path)
+        self.model.eval()  # type: ignore[no-untyped-call]
+        self.eos_ids = {int(self.model.config.eos_token_id)}
+        self.version = 0
+        self.lock = threading.Lock()
+        self.generator = torch.Generator().manual_seed(seed)
+        self.delay_per_token_s = delay_per_token_s
+        self.tokens_generated = 0
+        self.updates: list[int] = []
+        self.pauses: list[int] = []
+        self.resumes = 0
+
+    # --- generation -----------------------------------------------------------------------
+
+    def _sample(self, prompt: list[int], n: int, params: Any) -> list[dict[str, Any]]:
+        """n samples of up to max_tokens, stopping each at EOS; KV-cached decoding."""
+        temperature = params.temperature
+        with self.lock, torch.no_grad():
+            version = self.version
+            ids = torch.tensor([prompt] * n)
+            out = self.model(input_ids=ids, use_cache=True)
+            past, logits = out.past_key_values, out.logits[:, -1]
+            tokens: list[list[int]] = [[] for _ in range(n)]
+            logprobs: list[list[float]] = [[] for _ in range(n)]
+            done = [False] * n
+            for _ in range(params.max_tokens):
+                # Like rlfleet's engines: sample from softmax(z/τ), report raw log-softmax(z).
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                if temperature > 0:
+                    probs = torch.softmax(logits.float() / temperature, dim=-1)
+                    nxt = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+                else:
+                    nxt = logp.argmax(-1)
+                for i in range(n):
+                    if not done[i]:
+                        tokens[i].append(int(nxt[i]))
+                        logprobs[i].append(float(logp[i, nxt[i]]))
+                        done[i] = int(nxt[i]) in self.eos_ids
+                if all(done):
+                    break
+                out = self.model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
+                past, logits = out.past_key_values, out.logits[:, -1]
+        if self.delay_per_token_s:
+            time.sleep(self.delay_per_token_s * max(len(t) for t in tokens))
+        self.tokens_generated += sum(len(t) for t in tokens)
+        return [
+            {"tokens": t, "logprobs": lp, "stopped": d, "version": version}
+            for t, lp, d in zip(tokens, logprobs, done, strict=True)
+        ]
+
+    async def Generate(
+        self, request: rollout_pb2.GenerateRequest, context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[rollout_pb2.GenerateResult]:
+        if request.n < 1 or request.sampling.max_tokens < 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "n and max_tokens must be > 0")
+        started = time.monotonic()
+        samples = await asyncio.to_thread(
+            self._sample, list(request.prompt_token_ids), request.n, request.sampling
+        )
+        for index, s in enumerate(samples):
+            yield rollout_pb2.GenerateResult(
+                request_id=request.request_id,
+                sample_index=index,
+                prompt_token_ids=request.prompt_token_ids,
+                token_ids=s["tokens"],
+                logprobs=s["logprobs"],
+                finish_reason=rollout_pb2.FINISH_REASON_STOP
+                if s["stopped"]
+                else rollout_pb2.FINISH_REASON_LENGTH,
+                weight_version_first=s["version"],
+                weight_version_last=s["version"],
+                generation_time_s=time.monotonic() - started,
+                replica="double-0",
+            )
+
+    # --- weights --------------------------------------------------------------------------
+
+    def _load(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        with self.lock:
+            if version <= self.version:
+                raise ValueError(f"weight_version {version} is not newer than {self.version}")
+            self.model.load_state_dict(state, strict=True)
+            self.version = version
+            self.updates.append(version)
+
+    async def StreamWeights(
+        self,
+        request_iterator: AsyncIterator[rollout_pb2.WeightChunk],
+        context: aio.ServicerContext[Any, Any],
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        started = time.monotonic()
+        header: rollout_pb2.UpdateWeightsRequest | None = None
+        buffers: dict[str, bytearray] = {}
+        async for message in request_iterator:
+            if message.HasField("header"):
+                header = message.header
+            else:
+                buffers.setdefault(message.tensor.name, bytearray()).extend(message.tensor.data)
+        if header is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be a header")
+            raise AssertionError  # unreachable
+        state = {}
+        for spec in header.tensors:
+            dtype = DTYPE_TO_TORCH[spec.dtype]
+            raw = bytes(buffers.get(spec.name, b""))
+            flat = (
+                torch.frombuffer(bytearray(raw), dtype=dtype)
+                if raw
+                else torch.zeros(0, dtype=dtype)
+            )
+            state[spec.name] = flat.reshape(list(spec.shape)).clone()
+        try:
+            await asyncio.to_thread(self._load, header.weight_version, state)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return rollout_pb2.UpdateWeightsResponse(
+            weight_version=self.version,
+            bytes_received=sum(len(b) for b in buffers.values()),
+            transfer_time_s=time.monotonic() - started,
+        )
+
+    async def UpdateWeights(
+        self, request: rollout_pb2.UpdateWeightsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        if request.transport != rollout_pb2.WEIGHT_TRANSPORT_SHARED_FILE:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "double takes SHARED_FILE only")
+        try:
+            await asyncio.to_thread(
+                self._load, request.weight_version, load_file(request.file_path)
+            )
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return rollout_pb2.UpdateWeightsResponse(weight_version=self.version)
+
+    async def GetStatus(
+        self, request: rollout_pb2.GetStatusRequest, context: aio.ServicerContext[Any, Any]
+    ) -> rollout_pb2.RolloutStatus:
+        return rollout_pb2.RolloutStatus(
+            weight_version=self.version, engine="double", tokens_generated=self.tokens_generated
+        )
+
+    async def Pause(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        self.pauses.append(int(request.mode))
+        return rollout_pb2.PauseResponse()
+
+    async def Resume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        self.resumes += 1
+        return rollout_pb2.ResumeResponse()
+
+
+class DoubleReward(reward_pb2_grpc.RewardServiceServicer):
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail_prompt_ids: set[str] = set()
+        """ScoreGroup for these request ids answers with a failure (tests of drops)."""
+
+    @staticmethod
+    def reward(text: str, row: dict[str, Any]) -> float:
+        targets = set(row.get("target_chars", "e"))
+        return sum(ch in targets for ch in text) / max(len(text), 1)
+
+    async def ScoreGroup(
+        self, request: reward_pb2.ScoreGroupRequest, context: aio.ServicerContext[Any, Any]
+    ) -> reward_pb2.ScoreGroupResult:
+        self.calls += 1
+        row = json.loads(request.row_json)
+        results = []
+        for i, response in enumerate(request.responses):
+            if request.request_id in self.fail_prompt_ids:
+                results.append(
+                    reward_pb2.ScoreResult(
+                        request_id=f"{request.request_id}/{i}",
+                        env=request.env,
+                        failure_kind=reward_pb2.FAILURE_KIND_VERIFIER_ERROR,
+                        failure_reason="double told to fail",
+                    )
+                )
+                continue
+            results.append(
+                reward_pb2.ScoreResult(
+                    request_id=f"{request.request_id}/{i}",
+                    env=request.env,
+                    reward=self.reward(response.text, row),
+                )
+            )
+        return reward_pb2.ScoreGroupResult(request_id=request.request_id, results=results)
+
+
+class _Service(BaseService):
+    def __init__(self, config: ServiceConfig, servicer: Any, add: Any) -> None:
+        self.servicer, self.add = servicer, add
+
+    def add_to_server(self, server: aio.Server) -> None:
+        self.add(self.servicer, server)
+
+
+def _make_service(config: ServiceConfig, servicer: Any, add: Any) -> _Service:
+    return _Service(config, servicer, add)
+
+
+@contextlib.asynccontextmanager
+async def serve_doubles(
+    model_path: Path, seed: int = 0, delay_per_token_s: float = 0.0
+) -> AsyncIterator[tuple[str, str, DoubleRollout, DoubleReward]]:
+    """Start both doubles on free loopback ports; yields (rollout target, reward target,
+    rollout servicer, reward servicer)."""
+    rollout = DoubleRollout(model_path, seed, delay_per_token_s)  # type: ignore[abstract]
+    reward = DoubleReward()  # type: ignore[abstract]
+    servers = []
+    for name, servicer, add, full_name in (
+        (
+            "rollout-double",
+            rollout,
+            rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
+            "rlfleet.v1.RolloutService",
+        ),
+        (
+            "reward-double",
+            reward,
+            reward_pb2_grpc.add_RewardServiceServicer_to_server,
+            "rlfleet.v1.RewardService",
+        ),
+    ):
+        definition = ServiceDefinition(
+            name=name,
+            package="rlfleet-trainer",
+            grpc_services=(full_name,),
+            config_model=ServiceConfig,
+            factory=functools.partial(_make_service, servicer=servicer, add=add),
+        )
+        config = ServiceConfig.model_validate(
+            {"server": {"port": 0, "max_timeout_s": 3600.0, "grace_s": 0.5}}
+        )
+        servers.append(await start_service(definition, config))
+    try:
+        yield (
+            f"127.0.0.1:{servers[0].grpc_port}",
+            f"127.0.0.1:{servers[1].grpc_port}",
+            rollout,
+            reward,
+        )
+    finally:
+        for running in servers:
+            running.stop_event.set()
+            await running.done

@@ -1,0 +1,86 @@
+"""Megatron vs torch parity probe (run by test_megatron.py; not a test module itself).
+
+    torchrun --nproc_per_node 2 megatron_parity.py --tp 2 --out OUT MODEL_DIR [MODEL_DIR ...]
+
+For each model: megatron logprobs on a fixed batch, one train step (loss, grad norm),
+logprobs after the step, and the HF state dict it publishes; rank 0 writes OUT/<i>.pt.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from rlfleet_trainer.algorithms import LossConfig
+from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
+
+LOSS = LossConfig(importance_sampling="tis", ratio_clip_c=3.0)
+
+
+def parity_batch(vocab: int) -> TrainBatch:
+    gen = torch.Generator().manual_seed(7)
+    trajs = []
+    for i in range(4):
+        prompt = torch.randint(3, vocab, (4 + i,), generator=gen).tolist()
+        response = torch.randint(3, vocab, (3 + 2 * i,), generator=gen).tolist()
+        trajs.append(
+            Trajectory(
+                prompt_id=f"p{i}",
+                sample_index=0,
+                prompt_token_ids=prompt,
+                token_ids=response,
+                generation_logprobs=(-torch.rand(len(response), generator=gen) - 5.0).tolist(),
+                truncated=False,
+                advantage=[1.0, -0.5, 0.25, -1.0][i],
+            )
+        )
+    return build_train_batch(trajs, torch.ones(4))
+
+
+def run_backend(policy: object, vocab: int) -> dict[str, object]:
+    batch = parity_batch(vocab)
+    before = policy.logprobs(batch)  # type: ignore[attr-defined]
+    batch.prev_logprobs_NT = before + 0.01 * batch.mask_NT  # exercise ratios ≠ 1
+    metrics = policy.train_step(batch, LOSS)  # type: ignore[attr-defined]
+    after = policy.logprobs(batch)  # type: ignore[attr-defined]
+    state = {k: v.clone() for k, v in policy.hf_state_dict()}  # type: ignore[attr-defined]
+    return {
+        "before": before,
+        "after": after,
+        "metrics": metrics,
+        "state": state,
+        "mask": batch.mask_NT,
+    }
+
+
+def megatron_results(model: Path, tp: int) -> dict[str, object]:
+    from rlfleet_trainer.backends.megatron_backend import MegatronBackendConfig, MegatronPolicy
+    from transformers import AutoConfig
+
+    policy = MegatronPolicy(
+        MegatronBackendConfig(
+            model_path=model, tensor_parallel_size=tp, lr=1e-3, train_micro_batch_size=3
+        )
+    )
+    return run_backend(policy, AutoConfig.from_pretrained(model).vocab_size)
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("models", nargs="+", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for i, model in enumerate(args.models):
+        results = megatron_results(model, args.tp)
+        if dist.get_rank() == 0:
+            torch.save(results, args.out / f"{i}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Checkpoint atomicity and the ledger's bookkeeping, in process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from rlfleet_trainer.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from rlfleet_trainer.ledger import Ledger, LedgerEntry, verify_ledger
+
+
+class _Backend:
+    """Minimal PolicyBackend: one tensor as the whole model."""
+
+    def __init__(self) -> None:
+        self.weight = torch.zeros(3)
+
+    def save(self, path: Path) -> None:
+        torch.save(self.weight, path / "w.pt")
+
+    def load(self, path: Path) -> None:
+        self.weight = torch.load(path / "w.pt")
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_interrupted_checkpoint_leaves_previous_one(tmp_path: Path) -> None:
+    backend = _Backend()
+    save_checkpoint(tmp_path, TrainerState(step=1, data_cursor=5), backend, keep_last=2)  # type: ignore[arg-type]
+    backend.weight += 1
+
+    def crash(point: str) -> None:
+        raise _Crash(point)
+
+    with pytest.raises(_Crash, match="checkpoint_before_rename"):
+        save_checkpoint(tmp_path, TrainerState(step=2), backend, keep_last=2, crash_hook=crash)  # type: ignore[arg-type]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_1"]
+    state = load_checkpoint(latest_checkpoint(tmp_path), backend)  # type: ignore[arg-type]
+    assert state.step == 1 and state.data_cursor == 5
+    assert torch.equal(backend.weight, torch.zeros(3))
+    # the next save cleans the half-written folder and prunes to keep_last
+    for step in (2, 3, 4):
+        save_checkpoint(tmp_path, TrainerState(step=step), backend, keep_last=2)  # type: ignore[arg-type]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_3", "step_4"]
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_rng_state_restored(tmp_path: Path) -> None:
+    backend = _Backend()
+    torch.manual_seed(3)
+    save_checkpoint(tmp_path, TrainerState(step=1), backend, keep_last=1)  # type: ignore[arg-type]
+    expected = torch.rand(4)
+    torch.rand(100)
+    load_checkpoint(tmp_path / "step_1", backend)  # type: ignore[arg-type]
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_ledger_truncation_forgets_unsaved_steps(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    saved = ledger.append([LedgerEntry("a@0", "trained", step=1)])
+    ledger.append(
+        [LedgerEntry("b@0", "trained", step=2), LedgerEntry("c@0", "dropped", "stale", 2)]
+    )
+    ledger.truncate(saved)  # resume from the step-1 checkpoint
+    ledger.append([LedgerEntry("b@0", "trained", step=2), LedgerEntry("c@0", "trained", step=2)])
+    counts = verify_ledger(ledger.entries(), ["a@0", "b@0", "c@0"])
+    assert counts == {"trained": 3}
+
+
+def test_verify_ledger_names_problems(tmp_path: Path) -> None:
+    entries = [
+        LedgerEntry("a@0", "trained"),
+        LedgerEntry("a@0", "dropped", "stale"),
+        LedgerEntry("x@0", "trained"),
+    ]
+    with pytest.raises(
+        AssertionError, match=r"duplicated=\['a@0'\].*missing=\['b@0'\].*unknown=\['x@0'\]"
+    ):
+        verify_ledger(entries, ["a@0", "b@0"])
+    with pytest.raises(ValueError, match="drop reason"):
+        Ledger(tmp_path / "l.jsonl").append([LedgerEntry("a", "dropped", "bored")])
