@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -131,8 +132,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, object]]:
-    from rlfleet_core.bench import BenchResult, describe_device, record
+def measure(argv: list[str] | None = None) -> list[Any]:
+    """Both sides measured in one run; returns BenchResults (not yet recorded)."""
+    from rlfleet_core.bench import BenchResult, describe_device
 
     parser = argparse.ArgumentParser(description=DESCRIPTION)
     parser.add_argument("--models", default="smollm2-135m,llama-1b,llama-3b")
@@ -181,17 +183,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
                 extra=extra,
             )
         )
-    out = record(results, REPO / "bench" / "results")
-    for line in out:
-        print(json.dumps(line))
-    return out
+    return results
 
 
-def run(quick: bool = False) -> list[dict[str, object]]:
-    """`rlfleet bench gpu-weight-sync` (on a machine with two GPUs)."""
+def run(quick: bool = False) -> list[Any]:
+    """`rlfleet bench gpu-weight-sync` (needs a machine with two GPUs)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # leave NVLink multicast off
-    return main(["--models", "smollm2-135m,llama-1b"] if quick else [])
+    return measure(["--models", "smollm2-135m,llama-1b"] if quick else [])
 
 
-if __name__ == "__main__":
-    run()
+if __name__ == "__main__":  # without the rlfleet CLI (e.g. on a bare GPU box)
+    from rlfleet_core.bench import record
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    for row in record(measure(), REPO / "bench" / "results"):
+        print(json.dumps(row))
