@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RLFLEET = str(Path(sys.executable).parent / "rlfleet")
@@ -14,3 +21,89 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# --- containers (tests/test_containers.py, tests/test_compose.py) ---------------------------
+
+REQUIRE_DOCKER = "RLFLEET_REQUIRE_DOCKER"
+"""Set to 1 (as .ci/run does) to make container tests fail, not skip, without Docker."""
+
+_image_build_s: dict[str, float] = {}
+
+
+@functools.cache
+def _docker_problem(compose: bool) -> str | None:
+    if shutil.which("docker") is None:
+        return "no `docker` CLI on PATH"
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 30 s"
+    if info.returncode != 0:
+        return f"`docker info` failed: {(info.stderr or info.stdout).strip()[-400:]}"
+    if compose:
+        version = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, text=True, timeout=30
+        )
+        if version.returncode != 0:
+            return (
+                "the Docker Compose v2 plugin is missing (deploy/compose/install-compose.sh): "
+                f"{(version.stderr or version.stdout).strip()[-300:]}"
+            )
+    return None
+
+
+def require_docker(*, compose: bool = False) -> None:
+    """Skip the calling test when no Docker engine answers, or fail when
+    RLFLEET_REQUIRE_DOCKER=1 (CI), naming what is missing."""
+    problem = _docker_problem(compose)
+    if problem is None:
+        return
+    message = (
+        f"no usable Docker engine ({problem.rstrip('.?')}); start one as docs/containers.md "
+        f"says (apt-get install docker.io; dockerd --ip 127.0.0.1 &)"
+    )
+    if os.environ.get(REQUIRE_DOCKER) == "1":
+        pytest.fail(f"{message} — and {REQUIRE_DOCKER}=1 makes this a failure", pytrace=False)
+    pytest.skip(message)
+
+
+def image_exists(image: str) -> bool:
+    return (
+        subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+    )
+
+
+def ensure_images(*services: str) -> dict[str, float]:
+    """Build rlfleet/<service>:latest from this checkout, once per test session, with
+    `deploy/docker/build-images.sh <service>` (the base image too, when missing). Always
+    built, never trusted as found: an image left by an older checkout would test old code.
+    Docker's layer cache makes an unchanged rebuild take seconds. Returns the build time
+    in seconds of each image; fails the test with the tail of the build log on failure."""
+    for service in services:
+        if service in _image_build_s:
+            continue
+        if shutil.which("uv") is None:
+            pytest.fail(
+                f"rlfleet/{service}:latest is missing and building it needs `uv` on PATH",
+                pytrace=False,
+            )
+        command = [str(REPO / "deploy/docker/build-images.sh"), service]
+        started = time.monotonic()
+        build = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        elapsed = time.monotonic() - started
+        if build.returncode != 0 or not image_exists(f"rlfleet/{service}:latest"):
+            log = (build.stdout + build.stderr).strip()[-3000:]
+            pytest.fail(
+                f"building image rlfleet/{service}:latest failed ({' '.join(command)}, "
+                f"exit {build.returncode}, {elapsed:.0f} s):\n{log}",
+                pytrace=False,
+            )
+        _image_build_s[service] = elapsed
+        print(f"built rlfleet/{service}:latest in {elapsed:.0f} s")
+    return dict(_image_build_s)

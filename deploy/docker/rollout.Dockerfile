@@ -1,13 +1,17 @@
 # rlfleet rollout service. Built by deploy/docker/build-images.sh, which prepares the
-# context: wheels/ (our packages + local-only wheels), requirements.txt (uv.lock pins), ca.pem.
+# context: requirements.txt (uv.lock pins), wheels/ (local-only third-party wheels),
+# rlfleet/ (our packages), ca.pem.
 FROM rlfleet/base:bookworm
 COPY ca.pem /etc/ssl/certs/build-ca.pem
 COPY requirements.txt /build/requirements.txt
 COPY wheels /build/wheels
+# Third-party packages first: this layer is reused until uv.lock (or a local wheel) changes.
 RUN python3 -m venv /opt/rlfleet \
  && PIP_CERT=/etc/ssl/certs/build-ca.pem /opt/rlfleet/bin/pip install --no-cache-dir -q \
-      --find-links /build/wheels -r /build/requirements.txt \
- && /opt/rlfleet/bin/pip install --no-cache-dir -q --no-deps /build/wheels/rlfleet_*.whl \
+      --find-links /build/wheels -r /build/requirements.txt
+# Then rlfleet's own packages: a code change rebuilds only this layer.
+COPY rlfleet /build/rlfleet
+RUN /opt/rlfleet/bin/pip install --no-cache-dir -q --no-deps /build/rlfleet/*.whl \
  && rm -rf /build /etc/ssl/certs/build-ca.pem
 ENV PATH=/opt/rlfleet/bin:$PATH PYTHONUNBUFFERED=1
 EXPOSE 50051 8000

@@ -1,0 +1,210 @@
+"""Service images under testcontainers: start one image, call it from a real client.
+
+- reward (rlfleet/reward:latest): RewardService.Score over gRPC on `math` rows — a right
+  answer scores 1.0, a wrong one 0.0, a malformed row is INVALID_ARGUMENT.
+- sandbox (rlfleet/sandbox:latest): the NeMo-Skills HTTP face, POST /execute, one-shot and
+  in a stateful session, with the security options bubblewrap needs (compose.yaml's).
+
+Images missing from the engine are built first (deploy/docker/build-images.sh, session
+scope, only the missing ones). Without a Docker engine the tests skip, or fail when
+RLFLEET_REQUIRE_DOCKER=1 (CI). Ports are published on 127.0.0.1 only and every client
+talks to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+# testcontainers reads these when imported. Ryuk (its reaper container) would be pulled
+# from a registry, which is unreachable here: containers are removed by the fixtures
+# instead. This machine has /.dockerenv, so testcontainers would otherwise reach the
+# containers through a non-loopback gateway address: pin it to the published loopback ports.
+os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
+os.environ["TESTCONTAINERS_CONNECTION_MODE"] = "docker_host"
+os.environ["TESTCONTAINERS_HOST_OVERRIDE"] = "127.0.0.1"
+
+import grpc
+import httpx
+import pytest
+from rlfleet_core.client import check_health
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
+from support import ensure_images, require_docker
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+GRPC_PORT = 50051
+HTTP_PORT = 8000
+# compose.yaml's sandbox options, and why: docs/containers.md.
+SANDBOX_SECURITY_OPT = ["seccomp=unconfined", "apparmor=unconfined"]
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, float]:
+    require_docker()
+    return ensure_images("reward", "sandbox")
+
+
+def _container(image: str, *, unmask_proc: bool = False, **kwargs: Any) -> Any:
+    """A DockerContainer with the gRPC and HTTP ports published on 127.0.0.1 (random
+    host ports). `unmask_proc` is `docker run --security-opt systempaths=unconfined`:
+    that option is the docker CLI's (and compose's), the engine API has no SecurityOpt
+    for it but empty MaskedPaths/ReadonlyPaths, which docker-py cannot express, so the
+    create call is amended on its way to the engine."""
+    from testcontainers.core.container import DockerContainer
+
+    container = DockerContainer(image, **kwargs)
+    for port in (GRPC_PORT, HTTP_PORT):
+        container.ports[f"{port}/tcp"] = ("127.0.0.1",)  # type: ignore[assignment]
+    if unmask_proc:
+        api = container.get_docker_client().client.api
+        create = api.create_container_from_config
+
+        def create_unmasked(
+            config: dict[str, Any], name: str | None = None, platform: str | None = None
+        ) -> Any:
+            host_config = config.setdefault("HostConfig", {})
+            host_config["MaskedPaths"] = []
+            host_config["ReadonlyPaths"] = []
+            return create(config, name, platform)
+
+        api.create_container_from_config = create_unmasked
+    return container
+
+
+def _published(container: Any, port: int) -> str:
+    """127.0.0.1:<host port> of a container port; asserts it is bound to loopback only."""
+    container.reload()
+    bindings = container.get_wrapped_container().attrs["NetworkSettings"]["Ports"][f"{port}/tcp"]
+    assert {b["HostIp"] for b in bindings} == {"127.0.0.1"}, bindings
+    assert container.get_container_host_ip() == "127.0.0.1"
+    return f"127.0.0.1:{container.get_exposed_port(port)}"
+
+
+def _wait_serving(container: Any, target: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        container.reload()
+        if container.status not in ("created", "running"):
+            stdout, stderr = container.get_logs()
+            pytest.fail(
+                f"{container.image} exited ({container.status}):\n"
+                f"{(stdout + stderr).decode(errors='replace')[-3000:]}",
+                pytrace=False,
+            )
+        try:
+            last = check_health(target, timeout_s=2.0)
+            if last == "SERVING":
+                return
+        except grpc.RpcError as exc:
+            last = exc.code().name
+        time.sleep(0.5)
+    stdout, stderr = container.get_logs()
+    pytest.fail(
+        f"{container.image} not SERVING on {target} after {timeout_s:.0f} s ({last}):\n"
+        f"{(stdout + stderr).decode(errors='replace')[-3000:]}",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def reward_target(images: dict[str, float]) -> Iterator[str]:
+    container = _container("rlfleet/reward:latest").with_command(
+        ["rlfleet-reward", "--host", "0.0.0.0", "--port", str(GRPC_PORT), "pool.workers=1"]
+    )
+    with container:
+        target = _published(container, GRPC_PORT)
+        _wait_serving(container, target)
+        yield target
+
+
+@pytest.fixture(scope="module")
+def sandbox_http(images: dict[str, float]) -> Iterator[str]:
+    container = _container("rlfleet/sandbox:latest", unmask_proc=True).with_kwargs(
+        security_opt=SANDBOX_SECURITY_OPT
+    )
+    with container:
+        _wait_serving(container, _published(container, GRPC_PORT))
+        yield f"http://{_published(container, HTTP_PORT)}"
+
+
+def _score(target: str, row: dict[str, Any] | str, text: str) -> reward_pb2.ScoreResult:
+    row_json = row if isinstance(row, str) else json.dumps(row)
+    with grpc.insecure_channel(target) as channel:
+        stub = reward_pb2_grpc.RewardServiceStub(channel)
+        return stub.Score(
+            reward_pb2.ScoreRequest(
+                env="math", row_json=row_json, response=reward_pb2.Response(text=text)
+            ),
+            timeout=60,
+        )
+
+
+MATH_ROW = {
+    "responses_create_params": {"input": [{"role": "user", "content": "What is 1/2 + 1/4?"}]},
+    "question": "What is 1/2 + 1/4?",
+    "expected_answer": r"\frac{3}{4}",
+}
+
+
+def test_reward_image_scores_math(reward_target: str) -> None:
+    right = _score(
+        reward_target, MATH_ROW, r"1/2 + 1/4 = 2/4 + 1/4, so the answer is \boxed{0.75}."
+    )
+    assert right.failure_kind == reward_pb2.FAILURE_KIND_NONE, right.failure_reason
+    assert right.reward == 1.0, dict(right.info)
+    wrong = _score(reward_target, MATH_ROW, r"\boxed{\frac{2}{6}}")
+    assert wrong.failure_kind == reward_pb2.FAILURE_KIND_NONE, wrong.failure_reason
+    assert wrong.reward == 0.0, dict(wrong.info)
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [({"question": "1+1?"}, "row.expected_answer"), ("{not json", "row_json")],
+    ids=["missing-expected-answer", "not-json"],
+)
+def test_reward_image_refuses_malformed_rows(
+    reward_target: str, row: dict[str, Any] | str, field: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        _score(reward_target, row, r"\boxed{2}")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+    assert (caught.value.details() or "").startswith(field), caught.value.details()
+
+
+def test_sandbox_image_executes_over_http(sandbox_http: str) -> None:
+    with httpx.Client(base_url=sandbox_http, timeout=30) as client:
+        one_shot = client.post(
+            "/execute",
+            json={
+                "generated_code": "import sys\nprint(6 * 7)\nprint('to stderr', file=sys.stderr)",
+                "language": "python3",
+                "timeout": 10,
+            },
+        )
+        assert one_shot.status_code == 200, one_shot.text
+        body = one_shot.json()
+        assert body["process_status"] == "completed", body
+        assert body["stdout"] == "42\n" and body["stderr"] == "to stderr\n", body
+
+        # A stateful ipython session (NeMo-Skills clients name sessions themselves).
+        session = {"X-Session-ID": "testcontainers-1"}
+        first = client.post(
+            "/execute", headers=session, json={"generated_code": "x = 41", "language": "ipython"}
+        )
+        assert first.json()["process_status"] == "completed", first.text
+        second = client.post(
+            "/execute",
+            headers=session,
+            json={"generated_code": "print(x + 1)", "language": "ipython"},
+        )
+        assert second.json()["stdout"] == "42\n", second.text
+
+        failing = client.post(
+            "/execute", json={"generated_code": "raise SystemExit(3)", "language": "python3"}
+        )
+        assert failing.json()["process_status"] == "error", failing.text
