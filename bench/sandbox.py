@@ -58,8 +58,13 @@ def humaneval_program() -> tuple[str, str]:
     except ImportError:
         return _FALLBACK_HUMANEVAL, "fallback"
     problem = read_problems()["HumanEval/0"]
-    source = (problem["prompt"] + problem["canonical_solution"] + "\n\n" + problem["test"]
-              + f"\n\ncheck({problem['entry_point']})\n")
+    source = (
+        problem["prompt"]
+        + problem["canonical_solution"]
+        + "\n\n"
+        + problem["test"]
+        + f"\n\ncheck({problem['entry_point']})\n"
+    )
     return source, "HumanEval/0"
 
 
@@ -79,7 +84,9 @@ def _bare(python: str, code: str, concurrency: int, total: int) -> tuple[float, 
     return total / (time.perf_counter() - start), latencies
 
 
-async def _isolated(port: int, code: str, concurrency: int, total: int) -> tuple[float, list[float]]:
+async def _isolated(
+    port: int, code: str, concurrency: int, total: int
+) -> tuple[float, list[float]]:
     latencies: list[float] = []
     request = sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code=code)
     async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -112,17 +119,42 @@ async def _measure(quick: bool) -> list[BenchResult]:
         for program, code in (("trivial", TRIVIAL), ("humaneval", humaneval)):
             for concurrency in CONCURRENCY:
                 total = (24 if quick else 120) * (2 if concurrency > 1 else 1)
-                base_rps, base_lat = await asyncio.to_thread(_bare, python, code, concurrency, total)
+                base_rps, base_lat = await asyncio.to_thread(
+                    _bare, python, code, concurrency, total
+                )
                 our_rps, our_lat = await _isolated(running.grpc_port, code, concurrency, total)
-                extra = {"program": program, "concurrency": concurrency, "runs": total,
-                         "pool_size": config.pool.size, "python": python,
-                         "source": label if program == "humaneval" else "inline"}
+                extra = {
+                    "program": program,
+                    "concurrency": concurrency,
+                    "runs": total,
+                    "pool_size": config.pool.size,
+                    "python": python,
+                    "source": label if program == "humaneval" else "inline",
+                }
                 tag = f"{program}_c{concurrency}"
-                results.append(BenchResult("sandbox", f"rps_{tag}", our_rps, "runs/s", base_rps,
-                                           target=1.0 if concurrency == 4 else None, extra=extra))
+                results.append(
+                    BenchResult(
+                        "sandbox",
+                        f"rps_{tag}",
+                        our_rps,
+                        "runs/s",
+                        base_rps,
+                        target=1.0 if concurrency == 4 else None,
+                        extra=extra,
+                    )
+                )
                 for q in (50, 99):
-                    results.append(BenchResult("sandbox", f"p{q}_ms_{tag}", percentile(our_lat, q), "ms",
-                                               percentile(base_lat, q), higher_is_better=False, extra=extra))
+                    results.append(
+                        BenchResult(
+                            "sandbox",
+                            f"p{q}_ms_{tag}",
+                            percentile(our_lat, q),
+                            "ms",
+                            percentile(base_lat, q),
+                            higher_is_better=False,
+                            extra=extra,
+                        )
+                    )
     finally:
         running.stop_event.set()
         await running.done

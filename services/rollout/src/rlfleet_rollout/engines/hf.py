@@ -1,0 +1,526 @@
+"""The hf engine: transformers + torch, batched decoding with a KV cache.
+
+For machines without vLLM (the GPU machine here) and as a fallback. One decode thread
+owns the model: it takes up to `max_num_seqs` waiting samples, prefills them together
+(left-padded), then decodes them step by step with the KV cache, sampling each row with
+its own parameters. New samples start at the next batch (static batching: simple and
+exact; vLLM's continuous batching is the engine to use for throughput).
+
+Weight updates land *between* two decode steps: the decode thread holds `_model_lock`
+for each forward pass, and the update copies the new tensors under the same lock. Rows
+in flight keep their KV cache (computed with the old weights) unless the update asks to
+recompute it; each sample reports the first and last weight version it was decoded
+under. Tensors are received before the lock is taken, so a slow transfer does not stall
+generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rlfleet_core.errors import InvalidArgument
+from rlfleet_core.weights import GroupSpec, WeightGroup, receive_weights, receive_weights_into
+
+from rlfleet_rollout.config import RolloutServiceConfig
+from rlfleet_rollout.engines.base import check_newer, resolve_dtype
+from rlfleet_rollout.engines.sampling import RowState, choose_tokens
+from rlfleet_rollout.types import (
+    EngineStatus,
+    FinishReason,
+    GenerateInput,
+    InFlight,
+    PauseMode,
+    Sample,
+    SamplingConfig,
+    ThroughputMeter,
+    TransferGroup,
+    UpdateResult,
+    WeightUpdate,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Row:
+    """One sample being generated."""
+
+    request: GenerateInput
+    index: int
+    sampling: SamplingConfig
+    deliver: Any
+    """Callable(Sample) that hands the finished sample to the caller's event loop."""
+    max_new: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
+    text: str = ""
+    version_first: int = 0
+    started: float = 0.0
+    generator: torch.Generator | None = None
+
+
+class HfEngine:
+    name = "hf"
+
+    def __init__(self, config: RolloutServiceConfig, model_path: Path) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.replica = "hf-0"
+        self._version = 0
+        self._cond = threading.Condition()
+        self._model_lock = threading.Lock()
+        self._update_lock = asyncio.Lock()
+        self._pending: list[_Row] = []
+        self._running: list[_Row] = []
+        self._aborted: set[str] = set()
+        self._accepting = True
+        self._frozen = False
+        self._recompute = False
+        self._stopping = False
+        self._inflight = InFlight()
+        self._meter = ThroughputMeter()
+        self._group: WeightGroup | None = None
+        self._thread: threading.Thread | None = None
+        self.model: Any = None
+        self.tokenizer: Any = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.engine_config.max_model_len
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+        self._thread = threading.Thread(target=self._decode_loop, name="hf-decode", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.config.engine_config
+        want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        self.device = torch.device("cuda" if want_cuda else "cpu")
+        dtype = resolve_dtype(cfg.dtype, want_cuda)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        self.model.to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        eos: set[int] = set()
+        for source in (self.model.config, self.model.generation_config):
+            value = getattr(source, "eos_token_id", None)
+            eos.update([value] if isinstance(value, int) else (value or []))
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        self._eos = tuple(sorted(eos))
+        pad = self.tokenizer.pad_token_id
+        self._pad = int(pad if pad is not None else (self._eos[0] if self._eos else 0))
+        # Every name a trainer may send: tied weights appear under both names.
+        self._targets = {
+            **dict(self.model.named_parameters(remove_duplicate=False)),
+            **dict(self.model.named_buffers(remove_duplicate=False)),
+        }
+        # Weights loaded from safetensors may be copy-on-write file mappings: write every
+        # page once now, so the first weight update does not pay the page faults.
+        with torch.no_grad():
+            for tensor in self._targets.values():
+                tensor.mul_(1)
+        torch.manual_seed(cfg.seed)
+        logger.info("hf engine ready: %s on %s (%s)", self.model_path, self.device, dtype)
+
+    async def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._frozen = False
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+        if self._group is not None:
+            self._group.close()
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, request: GenerateInput) -> AsyncIterator[Sample]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Sample] = asyncio.Queue()
+
+        def deliver(sample: Sample) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, sample)
+
+        room = self.max_model_len - len(request.prompt_token_ids)
+        rows = [
+            _Row(
+                request=request,
+                index=i,
+                sampling=request.sampling.for_sample(i),
+                deliver=deliver,
+                max_new=min(request.sampling.max_tokens, room),
+            )
+            for i in range(request.n)
+        ]
+        with self._cond:
+            self._aborted.discard(request.request_id)
+            self._pending.extend(rows)
+            self._inflight.add(request.request_id, request.n)
+            self._cond.notify_all()
+        received = 0
+        try:
+            while received < request.n:
+                sample = await queue.get()
+                received += 1
+                yield sample
+        finally:
+            if received < request.n:
+                await self.abort(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        with self._cond:
+            self._aborted.add(request_id)
+            waiting = [r for r in self._pending if r.request.request_id == request_id]
+            self._pending = [r for r in self._pending if r.request.request_id != request_id]
+            self._cond.notify_all()
+        for row in waiting:
+            row.finish = FinishReason.ABORT
+            self._emit(row)
+
+    # ------------------------------------------------------------------ pause / resume
+
+    async def pause(self, mode: PauseMode) -> int:
+        with self._cond:
+            in_flight = self._inflight.samples
+            self._accepting = False
+            if mode == PauseMode.KEEP:
+                self._frozen = True
+            elif mode == PauseMode.ABORT:
+                ids = {r.request.request_id for r in (*self._pending, *self._running)}
+                self._aborted.update(ids)
+            self._cond.notify_all()
+        if mode == PauseMode.ABORT:
+            for request_id in list(self._aborted):
+                await self.abort(request_id)
+        if mode in (PauseMode.WAIT, PauseMode.ABORT):
+            await asyncio.to_thread(self._wait_idle)
+        return in_flight
+
+    def _wait_idle(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._running or self._stopping)
+
+    async def resume(self) -> None:
+        with self._cond:
+            self._accepting = True
+            self._frozen = False
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ weights
+
+    async def init_weight_transfer(self, group: TransferGroup) -> int:
+        spec = GroupSpec(
+            master_address=group.master_address,
+            master_port=group.master_port,
+            world_size=group.world_size,
+            rank=group.rank_offset,
+            backend=group.backend,
+            timeout_s=group.timeout_s,
+        )
+        if self._group is not None:
+            self._group.close()
+        self._group = await asyncio.to_thread(WeightGroup, spec)
+        return 1
+
+    async def update_weights(self, update: WeightUpdate) -> UpdateResult:
+        async with self._update_lock:
+            start = time.perf_counter()
+            try:
+                check_newer(update.version, self._version)
+                if update.tensors is None:
+                    self._require_group()
+                    slots = [(s.name, s.shape) for b in update.plan.buckets for s in b.slots]
+                else:
+                    slots = [(k, tuple(v.shape)) for k, v in update.tensors.items()]
+                self._check_names(slots)
+            except Exception:
+                if update.plan is not None:
+                    await asyncio.to_thread(self._drain, update.plan)
+                raise
+            drain = not self.config.in_flight_weight_updates
+            if drain:
+                await self.pause(PauseMode.WAIT)
+            try:
+                if update.tensors is None:
+                    nbytes, copy_s = await asyncio.to_thread(
+                        self._receive_into_model,
+                        update.plan,
+                        update.version,
+                        update.recompute_kv_cache,
+                    )
+                else:
+                    nbytes, copy_s = await asyncio.to_thread(
+                        self._apply,
+                        update.tensors.items(),
+                        update.version,
+                        update.recompute_kv_cache,
+                    )
+            finally:
+                if drain:
+                    await self.resume()
+            total = time.perf_counter() - start
+            return UpdateResult(update.version, nbytes, total - copy_s, copy_s)
+
+    def _check_names(self, items: list[tuple[str, tuple[int, ...]]]) -> None:
+        for name, shape in items:
+            target = self._targets.get(name)
+            if target is None:
+                raise InvalidArgument("tensors", f"{name!r} is not a weight of this model")
+            if tuple(target.shape) != tuple(shape):
+                raise InvalidArgument(
+                    "tensors", f"{name}: shape {list(shape)} != model's {list(target.shape)}"
+                )
+
+    def _require_group(self) -> WeightGroup:
+        if self._group is None:
+            from rlfleet_core.errors import FailedPrecondition
+
+            raise FailedPrecondition("no weight group: call InitWeightTransfer first")
+        return self._group
+
+    def _receive_into_model(self, plan: Any, version: int, recompute: bool) -> tuple[int, float]:
+        """Receive straight into the parameters (one-tensor buckets land in place, packed
+        ones are copied out while the next bucket is in flight): no staging copy of the
+        model. Decoding waits for the model lock during the transfer, as vLLM's engine
+        does during its collective_rpc."""
+        group = self._require_group()
+        with self._model_lock:
+            nbytes, copy_s = receive_weights_into(group, plan, self._targets)
+            self._version = version
+            self._recompute = self._recompute or recompute
+        return nbytes, copy_s
+
+    def _drain(self, plan: Any) -> None:
+        """Consume a refused update's broadcasts so the sender does not hang."""
+        if self._group is not None:
+            for _ in receive_weights(self._group, plan):
+                pass
+
+    def _apply(
+        self, tensors: Iterable[tuple[str, torch.Tensor]], version: int, recompute: bool
+    ) -> tuple[int, float]:
+        """Copy `tensors` into the model between two decode steps; returns (bytes, seconds
+        spent copying)."""
+        nbytes = 0
+        copy_s = 0.0
+        with self._model_lock, torch.no_grad():
+            for name, value in tensors:
+                t0 = time.perf_counter()
+                self._targets[name].copy_(value)
+                copy_s += time.perf_counter() - t0
+                nbytes += value.numel() * value.element_size()
+            self._version = version
+            self._recompute = self._recompute or recompute
+        return nbytes, copy_s
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> EngineStatus:
+        with self._cond:
+            return EngineStatus(
+                weight_version=self._version,
+                paused=not self._accepting,
+                requests_waiting=len(self._pending),
+                requests_running=len(self._running),
+                tokens_per_s=self._meter.rate(),
+                tokens_generated=self._meter.total,
+            )
+
+    # ------------------------------------------------------------------ decode thread
+
+    def _decode_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or (self._accepting and self._pending))
+                if self._stopping:
+                    return
+                batch = self._pending[: self.config.engine_config.max_num_seqs]
+                del self._pending[: len(batch)]
+                self._running = batch
+            try:
+                self._run_batch(batch)
+            except Exception:
+                logger.exception("hf decode step failed; aborting %d samples", len(batch))
+                for row in batch:
+                    if row.finish is None:
+                        row.finish = FinishReason.ABORT
+                        self._emit(row)
+            finally:
+                with self._cond:
+                    self._running = []
+                    self._cond.notify_all()
+
+    def _emit(self, row: _Row) -> None:
+        text = row.text
+        if row.request.return_text and not text:
+            text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        row.deliver(
+            Sample(
+                request_id=row.request.request_id,
+                index=row.index,
+                prompt_token_ids=row.request.prompt_token_ids,
+                token_ids=list(row.tokens),
+                logprobs=list(row.logprobs),
+                finish_reason=row.finish or FinishReason.ABORT,
+                weight_version_first=row.version_first,
+                weight_version_last=self._version,
+                generation_time_s=time.perf_counter() - row.started,
+                text=text,
+                replica=self.replica,
+            )
+        )
+        with self._cond:
+            self._inflight.done(row.request.request_id)
+
+    def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded prompts through the model; returns (cache, last logits, mask, next positions)."""
+        width = max(len(r.request.prompt_token_ids) for r in rows)
+        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, row in enumerate(rows):
+            prompt = row.request.prompt_token_ids
+            ids[b, width - len(prompt) :] = torch.tensor(prompt)
+            mask[b, width - len(prompt) :] = 1
+        return self._forward_full(ids, mask)
+
+    def _forward_full(
+        self, ids: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        return out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1
+
+    def _run_batch(self, rows: list[_Row]) -> None:
+        with self._model_lock, torch.no_grad():
+            now = time.perf_counter()
+            for row in rows:
+                row.version_first = self._version
+                row.started = now
+                if row.sampling.seed is not None:
+                    row.generator = torch.Generator(device=self.device).manual_seed(
+                        row.sampling.seed
+                    )
+            cache, logits, mask, next_pos = self._prefill(rows)
+        while True:
+            self._sample_step(rows, logits)
+            if all(r.finish is not None for r in rows):
+                return
+            if not self._between_steps(rows):
+                return
+            with self._model_lock, torch.no_grad():
+                if self._recompute:
+                    self._recompute = False
+                    cache, logits, mask, next_pos = self._recompute_cache(rows, mask)
+                    continue
+                last = torch.tensor(
+                    [r.tokens[-1] if r.tokens else self._pad for r in rows], device=self.device
+                ).unsqueeze(-1)
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+                out = self.model(
+                    input_ids=last,
+                    attention_mask=mask,
+                    position_ids=next_pos.unsqueeze(-1),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], next_pos + 1
+
+    def _recompute_cache(
+        self, rows: list[_Row], mask: torch.Tensor
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rebuild every row's KV cache under the current weights (prompt + generated).
+
+        The forward over the full sequences yields logits for the position after the
+        last generated token; the caller samples from them instead of doing a decode
+        step, so the positions stay aligned."""
+        seqs = [list(r.request.prompt_token_ids) + r.tokens for r in rows]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
+        new_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, seq in enumerate(seqs):
+            ids[b, width - len(seq) :] = torch.tensor(seq)
+            new_mask[b, width - len(seq) :] = 1
+        return self._forward_full(ids, new_mask)
+
+    def _between_steps(self, rows: list[_Row]) -> bool:
+        """Pause (KEEP freezes here, KV cache intact), aborts, shutdown. False = stop."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._frozen or self._stopping)
+            aborted = set(self._aborted)
+            stopping = self._stopping
+        for row in rows:
+            if row.finish is None and (stopping or row.request.request_id in aborted):
+                row.finish = FinishReason.ABORT
+                self._emit(row)
+        return not stopping and any(r.finish is None for r in rows)
+
+    def _sample_step(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        active = [b for b, r in enumerate(rows) if r.finish is None]
+        states = [self._row_state(rows[b]) for b in active]
+        tokens, logprobs = choose_tokens(logits[active], states)
+        self._meter.add(len(active))
+        for b, token, logprob in zip(active, tokens, logprobs, strict=True):
+            row = rows[b]
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            row.finish = self._finish_reason(row, token)
+            if row.finish is not None:
+                self._emit(row)
+
+    def _row_state(self, row: _Row) -> RowState:
+        s = row.sampling
+        banned = () if s.ignore_eos else self._eos
+        seen: tuple[int, ...] | list[int] = ()
+        if s.repetition_penalty not in (0.0, 1.0):
+            seen = [*row.request.prompt_token_ids, *row.tokens]
+        return RowState(
+            sampling=s,
+            generated=len(row.tokens),
+            seen_token_ids=seen,
+            banned_until_min=(*banned, *s.stop_token_ids),
+            generator=row.generator,
+        )
+
+    def _finish_reason(self, row: _Row, token: int) -> FinishReason | None:
+        s = row.sampling
+        if len(row.tokens) >= s.min_tokens:
+            if (not s.ignore_eos and token in self._eos) or token in s.stop_token_ids:
+                return FinishReason.STOP
+            if s.stop:
+                text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+                hits = [text.find(stop) for stop in s.stop if stop in text]
+                if hits:
+                    row.text = text[: min(hits)]
+                    return FinishReason.STOP
+        if len(row.tokens) >= row.max_new:
+            return FinishReason.LENGTH
+        return None

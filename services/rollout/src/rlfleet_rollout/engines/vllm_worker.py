@@ -1,0 +1,112 @@
+"""Functions that run *inside* vLLM's workers, sent with `collective_rpc`.
+
+They live in an importable module (not closures) so that the engine-core child process
+unpickles them by reference. vLLM only accepts callables when
+`VLLM_ALLOW_INSECURE_SERIALIZATION=1`, which `VllmEngine` sets before it starts the
+engine. The weight group is kept on the worker object: it must outlive one call.
+
+Loading goes through `model_runner.reload_weights(weights_iterator=...,
+is_checkpoint_format=True)`: it maps HF checkpoint names onto vLLM's fused and (on CPU)
+repacked parameters. `model.load_weights` directly fails on the CPU backend, and
+`reload_weights(weights_path=...)` was measured to give silently wrong logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlfleet_core.weights import BucketPlan, GroupSpec, WeightGroup, plan_buckets, receive_weights
+from rlfleet_proto.v1 import rollout_pb2
+
+_GROUP_ATTR = "_rlfleet_weight_group"
+
+
+def _reload(worker: Any, weights: list[tuple[str, Any]]) -> None:
+    reload = getattr(worker, "reload_weights", None)
+    if reload is not None:
+        reload(weights_iterator=weights, is_checkpoint_format=True)
+    else:
+        worker.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+
+
+def join_weight_group(
+    worker: Any,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    rank_offset: int,
+    backend: str,
+    timeout_s: float,
+) -> int:
+    """Form (or re-form) this worker's weight group; returns its rank."""
+    old = getattr(worker, _GROUP_ATTR, None)
+    if old is not None:
+        old.close()
+    rank = rank_offset + int(getattr(worker, "rank", 0))
+    spec = GroupSpec(master_address, master_port, world_size, rank, backend, timeout_s)
+    setattr(worker, _GROUP_ATTR, WeightGroup(spec))
+    return rank
+
+
+def encode_plan(plan: BucketPlan, bucket_bytes: int) -> bytes:
+    """What a worker needs to derive `plan` itself: the tensor list and bucket size, as
+    proto bytes (vLLM's msgpack encoding of call arguments would flatten a dataclass)."""
+    from rlfleet_core.weights import proto_dtype
+
+    request = rollout_pb2.UpdateWeightsRequest(bucket_bytes=bucket_bytes)
+    for bucket in plan.buckets:
+        for slot in bucket.slots:
+            request.tensors.add(name=slot.name, shape=slot.shape, dtype=proto_dtype(slot.dtype))
+    return request.SerializeToString()
+
+
+def _decode_plan(encoded: bytes) -> BucketPlan:
+    request = rollout_pb2.UpdateWeightsRequest.FromString(encoded)
+    return plan_buckets(request.tensors, request.bucket_bytes)
+
+
+def load_from_group(worker: Any, encoded_plan: bytes) -> int:
+    """Receive every bucket of the plan over the weight group and load it; returns bytes."""
+    plan = _decode_plan(encoded_plan)
+    group = getattr(worker, _GROUP_ATTR, None)
+    if group is None:
+        raise RuntimeError("no weight group on this worker: call InitWeightTransfer first")
+    weights = list(receive_weights(group, plan))
+    _reload(worker, weights)
+    return plan.total_bytes
+
+
+def drain_group(worker: Any, encoded_plan: bytes) -> None:
+    """Consume a refused update's broadcasts so that the sender does not hang."""
+    plan = _decode_plan(encoded_plan)
+    group = getattr(worker, _GROUP_ATTR, None)
+    if group is not None:
+        for _ in receive_weights(group, plan):
+            pass
+
+
+def pack_tensors(tensors: dict[str, Any]) -> bytes:
+    """Tensors as one `torch.save` blob: vLLM's msgpack encoding of call arguments turns
+    tensors nested in a dict into lists, bytes pass through intact."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({k: v.contiguous() for k, v in tensors.items()}, buffer)
+    return buffer.getvalue()
+
+
+def load_tensors(worker: Any, payload: bytes) -> int:
+    """Load tensors that came with the call (gRPC stream, shared file); returns bytes."""
+    import io
+
+    import torch
+
+    tensors = torch.load(io.BytesIO(payload), weights_only=True)
+    _reload(worker, list(tensors.items()))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def has_weight_group(worker: Any) -> bool:
+    return getattr(worker, _GROUP_ATTR, None) is not None

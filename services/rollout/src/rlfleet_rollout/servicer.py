@@ -1,0 +1,230 @@
+"""The gRPC face: proto ↔ domain translation over an `Engine`; no generation logic here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from grpc import aio
+from rlfleet_core.errors import FailedPrecondition, InvalidArgument
+from rlfleet_core.server import package_version
+from rlfleet_core.weights import WeightAssembler, plan_buckets
+from rlfleet_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+
+from rlfleet_rollout import metrics
+from rlfleet_rollout.config import RolloutServiceConfig
+from rlfleet_rollout.engines.base import Engine
+from rlfleet_rollout.types import (
+    FinishReason,
+    PauseMode,
+    Sample,
+    TransferGroup,
+    UpdateResult,
+    WeightUpdate,
+)
+from rlfleet_rollout.validation import generate_input_from_proto
+
+logger = logging.getLogger(__name__)
+
+_FINISH = {
+    FinishReason.STOP: rollout_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: rollout_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: rollout_pb2.FINISH_REASON_ABORT,
+}
+_PAUSE = {
+    rollout_pb2.PAUSE_MODE_UNSPECIFIED: PauseMode.KEEP,
+    rollout_pb2.PAUSE_MODE_KEEP: PauseMode.KEEP,
+    rollout_pb2.PAUSE_MODE_WAIT: PauseMode.WAIT,
+    rollout_pb2.PAUSE_MODE_ABORT: PauseMode.ABORT,
+}
+_BACKENDS = {rollout_pb2.WEIGHT_TRANSPORT_GLOO: "gloo", rollout_pb2.WEIGHT_TRANSPORT_NCCL: "nccl"}
+DEFAULT_BUCKET_BYTES = 256 << 20
+
+
+def sample_to_proto(sample: Sample) -> rollout_pb2.GenerateResult:
+    return rollout_pb2.GenerateResult(
+        request_id=sample.request_id,
+        sample_index=sample.index,
+        prompt_token_ids=sample.prompt_token_ids,
+        token_ids=sample.token_ids,
+        logprobs=sample.logprobs,
+        finish_reason=_FINISH[sample.finish_reason],
+        text=sample.text,
+        weight_version_first=sample.weight_version_first,
+        weight_version_last=sample.weight_version_last,
+        generation_time_s=sample.generation_time_s,
+        replica=sample.replica,
+    )
+
+
+def _update_response(result: UpdateResult) -> rollout_pb2.UpdateWeightsResponse:
+    metrics.record_update(result)
+    return rollout_pb2.UpdateWeightsResponse(
+        weight_version=result.version,
+        bytes_received=result.bytes_received,
+        transfer_time_s=result.transfer_time_s,
+        apply_time_s=result.apply_time_s,
+    )
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, config: RolloutServiceConfig, engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+
+    async def Generate(
+        self, request: rollout_pb2.GenerateRequest, context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[rollout_pb2.GenerateResult]:
+        engine = self.engine
+        gen_input = generate_input_from_proto(
+            request,
+            vocab_size=engine.vocab_size,
+            max_model_len=engine.max_model_len,
+            max_samples=self.config.max_samples_per_request,
+        )
+        async for sample in engine.generate(gen_input):
+            metrics.record_sample(sample)
+            yield sample_to_proto(sample)
+
+    async def InitWeightTransfer(
+        self, request: rollout_pb2.InitWeightTransferRequest, context: aio.ServicerContext[Any, Any]
+    ) -> rollout_pb2.InitWeightTransferResponse:
+        backend = _BACKENDS.get(request.transport)
+        if backend is None:
+            raise InvalidArgument(
+                "transport", "must be WEIGHT_TRANSPORT_GLOO or WEIGHT_TRANSPORT_NCCL"
+            )
+        if not request.master_address:
+            raise InvalidArgument("master_address", "must be the host of the sender's TCPStore")
+        if not 0 < request.master_port < 65536:
+            raise InvalidArgument("master_port", f"must be a port, got {request.master_port}")
+        if request.world_size < 2 or not 1 <= request.rank_offset < request.world_size:
+            raise InvalidArgument(
+                "rank_offset",
+                f"must be within [1, world_size={request.world_size}) (rank 0 is the sender)",
+            )
+        group = TransferGroup(
+            backend=backend,
+            master_address=request.master_address,
+            master_port=request.master_port,
+            world_size=request.world_size,
+            rank_offset=request.rank_offset,
+            timeout_s=request.timeout_s if request.timeout_s > 0 else 120.0,
+        )
+        joined = await self.engine.init_weight_transfer(group)
+        return rollout_pb2.InitWeightTransferResponse(num_workers=joined)
+
+    async def UpdateWeights(
+        self, request: rollout_pb2.UpdateWeightsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        if request.transport in _BACKENDS:
+            if not request.tensors:
+                raise InvalidArgument("tensors", "must list the tensors to receive, in send order")
+            try:
+                plan = plan_buckets(request.tensors, request.bucket_bytes or DEFAULT_BUCKET_BYTES)
+            except ValueError as exc:
+                raise InvalidArgument("tensors", str(exc)) from None
+            update = WeightUpdate(
+                request.weight_version, plan=plan, recompute_kv_cache=self._recompute(request)
+            )
+        elif request.transport == rollout_pb2.WEIGHT_TRANSPORT_SHARED_FILE:
+            update = WeightUpdate(
+                request.weight_version,
+                tensors=_load_file(request.file_path),
+                recompute_kv_cache=self._recompute(request),
+            )
+        else:
+            raise InvalidArgument(
+                "transport",
+                "must be GLOO, NCCL or SHARED_FILE (GRPC_STREAM goes through StreamWeights)",
+            )
+        return _update_response(await self.engine.update_weights(update))
+
+    async def StreamWeights(
+        self,
+        request_iterator: AsyncIterator[rollout_pb2.WeightChunk],
+        context: aio.ServicerContext[Any, Any],
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        header: rollout_pb2.UpdateWeightsRequest | None = None
+        assembler: WeightAssembler | None = None
+        async for chunk in request_iterator:
+            if chunk.HasField("header"):
+                if header is not None:
+                    raise InvalidArgument("header", "only the first message may be a header")
+                header = chunk.header
+                if header.weight_version <= self.engine.weight_version:
+                    # Refuse before the tensors arrive, not after.
+                    raise FailedPrecondition(
+                        f"weight_version {header.weight_version} is not newer than the current "
+                        f"version {self.engine.weight_version}; versions must increase"
+                    )
+                try:
+                    assembler = WeightAssembler(header.tensors)
+                except ValueError as exc:
+                    raise InvalidArgument("header.tensors", str(exc)) from None
+            elif assembler is None:
+                raise InvalidArgument("header", "the first message must be the header")
+            else:
+                try:
+                    assembler.add(chunk.tensor)
+                except ValueError as exc:
+                    raise InvalidArgument("tensor", str(exc)) from None
+        if header is None or assembler is None:
+            raise InvalidArgument("header", "stream ended before a header arrived")
+        try:
+            tensors = assembler.result()
+        except ValueError as exc:
+            raise InvalidArgument("tensor", str(exc)) from None
+        update = WeightUpdate(
+            header.weight_version, tensors=tensors, recompute_kv_cache=self._recompute(header)
+        )
+        return _update_response(await self.engine.update_weights(update))
+
+    def _recompute(self, request: rollout_pb2.UpdateWeightsRequest) -> bool:
+        return request.recompute_kv_cache or self.config.recompute_kv_cache
+
+    async def Pause(
+        self, request: rollout_pb2.PauseRequest, context: aio.ServicerContext[Any, Any]
+    ) -> rollout_pb2.PauseResponse:
+        in_flight = await self.engine.pause(_PAUSE[request.mode])
+        return rollout_pb2.PauseResponse(requests_in_flight=in_flight)
+
+    async def Resume(
+        self, request: rollout_pb2.ResumeRequest, context: aio.ServicerContext[Any, Any]
+    ) -> rollout_pb2.ResumeResponse:
+        await self.engine.resume()
+        return rollout_pb2.ResumeResponse()
+
+    async def GetStatus(
+        self, request: rollout_pb2.GetStatusRequest, context: aio.ServicerContext[Any, Any]
+    ) -> rollout_pb2.RolloutStatus:
+        status = self.engine.status()
+        return rollout_pb2.RolloutStatus(
+            weight_version=status.weight_version,
+            paused=status.paused,
+            requests_waiting=status.requests_waiting,
+            requests_running=status.requests_running,
+            tokens_per_s=status.tokens_per_s,
+            tokens_generated=status.tokens_generated,
+            engine=self.config.engine,
+            model=self.config.model_id,
+            num_replicas=status.num_replicas,
+            build=common_pb2.BuildInfo(
+                service="rollout",
+                package="rlfleet-rollout",
+                version=package_version("rlfleet-rollout"),
+                proto_version=package_version("rlfleet-proto"),
+            ),
+        )
+
+
+def _load_file(path: str) -> dict[str, Any]:
+    if not path:
+        raise InvalidArgument("file_path", "SHARED_FILE needs the path of a safetensors file")
+    from safetensors.torch import load_file
+
+    try:
+        return dict(load_file(path))
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument("file_path", f"cannot read {path}: {exc}") from None
