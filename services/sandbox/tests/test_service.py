@@ -31,8 +31,9 @@ OK = sandbox_pb2.EXEC_STATUS_OK
 
 async def test_python_stdout_stdin_files_and_exit_code(sandbox: Harness) -> None:
     code = "import sys\nprint(input().upper(), open('data/in.txt').read())\nsys.exit(3)"
-    result = await sandbox.run(code, stdin="hello\n",
-                               files=(sandbox_pb2.File(path="data/in.txt", content=b"file!"),))
+    result = await sandbox.run(
+        code, stdin="hello\n", files=(sandbox_pb2.File(path="data/in.txt", content=b"file!"),)
+    )
     assert result.status == sandbox_pb2.EXEC_STATUS_ERROR
     assert result.exit_code == 3
     assert result.stdout == "HELLO file!\n"
@@ -49,15 +50,22 @@ async def test_exception_traceback_looks_like_python(sandbox: Harness) -> None:
 
 
 async def test_bash_with_executable_file(sandbox: Harness) -> None:
-    script = sandbox_pb2.File(path="run.sh", content=b"#!/bin/bash\necho from-script $1\n", executable=True)
-    result = await sandbox.run("read x; ./run.sh \"$x\"; pwd", language="bash", stdin="arg\n", files=(script,))
+    script = sandbox_pb2.File(
+        path="run.sh", content=b"#!/bin/bash\necho from-script $1\n", executable=True
+    )
+    result = await sandbox.run(
+        'read x; ./run.sh "$x"; pwd', language="bash", stdin="arg\n", files=(script,)
+    )
     assert result.status == OK, result
     assert result.stdout == "from-script arg\n/tmp/work\n"
 
 
 async def test_large_code_stdin_and_atexit(sandbox: Harness) -> None:
-    code = "import atexit, sys\natexit.register(lambda: print('bye'))\n" + "x = 1\n" * 20000 + \
-        "print(len(sys.stdin.read()))"
+    code = (
+        "import atexit, sys\natexit.register(lambda: print('bye'))\n"
+        + "x = 1\n" * 20000
+        + "print(len(sys.stdin.read()))"
+    )
     result = await sandbox.run(code, stdin="y" * 300_000)
     assert result.status == OK, result.stderr
     assert result.stdout == "300000\nbye\n"
@@ -73,14 +81,42 @@ async def test_bad_requests_name_the_field(sandbox: Harness) -> None:
     cases = [
         (sandbox_pb2.ExecuteRequest(code="print(1)"), "language"),
         (sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="  "), "code"),
-        (sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="1",
-                                    files=[sandbox_pb2.File(path="../x")]), "files[0].path"),
-        (sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="1",
-                                    files=[sandbox_pb2.File(path="/etc/x")]), "files[0].path"),
-        (sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="1",
-                                    limits=sandbox_pb2.Limits(timeout_s=-1)), "limits.timeout_s"),
-        (sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_BASH, code="ls", session_id="abc"), "language"),
-        (sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="1", session_id="a b"), "session_id"),
+        (
+            sandbox_pb2.ExecuteRequest(
+                language=sandbox_pb2.LANGUAGE_PYTHON,
+                code="1",
+                files=[sandbox_pb2.File(path="../x")],
+            ),
+            "files[0].path",
+        ),
+        (
+            sandbox_pb2.ExecuteRequest(
+                language=sandbox_pb2.LANGUAGE_PYTHON,
+                code="1",
+                files=[sandbox_pb2.File(path="/etc/x")],
+            ),
+            "files[0].path",
+        ),
+        (
+            sandbox_pb2.ExecuteRequest(
+                language=sandbox_pb2.LANGUAGE_PYTHON,
+                code="1",
+                limits=sandbox_pb2.Limits(timeout_s=-1),
+            ),
+            "limits.timeout_s",
+        ),
+        (
+            sandbox_pb2.ExecuteRequest(
+                language=sandbox_pb2.LANGUAGE_BASH, code="ls", session_id="abc"
+            ),
+            "language",
+        ),
+        (
+            sandbox_pb2.ExecuteRequest(
+                language=sandbox_pb2.LANGUAGE_PYTHON, code="1", session_id="a b"
+            ),
+            "session_id",
+        ),
     ]
     for request, field in cases:
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -96,8 +132,9 @@ async def test_unknown_session_is_not_found(sandbox: Harness) -> None:
 
 
 async def test_limits_are_clamped_to_the_caps(sandbox: Harness) -> None:
-    result = await sandbox.run("import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))",
-                               max_open_files=10**6)
+    result = await sandbox.run(
+        "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))", max_open_files=10**6
+    )
     cap = sandbox.config.limits.max_max_open_files
     assert result.stdout == f"({cap}, {cap})\n"
 
@@ -113,9 +150,13 @@ async def test_session_keeps_state_and_forgets_after_close(sandbox: Harness) -> 
     failing = await sandbox.run("y = 1\nundefined_name", session_id=sid)
     assert failing.status == sandbox_pb2.EXEC_STATUS_ERROR and "NameError" in failing.stderr
     assert (await sandbox.run("print(x, y)", session_id=sid)).stdout == "42 1\n"
-    closed = await sandbox.stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=sid), timeout=10)
+    closed = await sandbox.stub.CloseSession(
+        sandbox_pb2.CloseSessionRequest(session_id=sid), timeout=10
+    )
     assert closed.existed
-    again = await sandbox.stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=sid), timeout=10)
+    again = await sandbox.stub.CloseSession(
+        sandbox_pb2.CloseSessionRequest(session_id=sid), timeout=10
+    )
     assert not again.existed
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await sandbox.run("x", session_id=sid)
@@ -123,7 +164,9 @@ async def test_session_keeps_state_and_forgets_after_close(sandbox: Harness) -> 
 
 
 async def test_session_cell_timeout_keeps_state(sandbox: Harness) -> None:
-    sid = (await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)).session_id
+    sid = (
+        await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
+    ).session_id
     await sandbox.run("kept = 'yes'", session_id=sid)
     slow = await sandbox.run("import time\ntime.sleep(30)", session_id=sid, timeout_s=0.5)
     assert slow.status == sandbox_pb2.EXEC_STATUS_TIMEOUT
@@ -132,7 +175,9 @@ async def test_session_cell_timeout_keeps_state(sandbox: Harness) -> None:
 
 
 async def test_session_that_ignores_its_timeout_is_reset(sandbox: Harness) -> None:
-    sid = (await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)).session_id
+    sid = (
+        await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
+    ).session_id
     await sandbox.run("kept = 1", session_id=sid)
     code = "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True: pass"
     stuck = await sandbox.run(code, session_id=sid, timeout_s=0.3)
@@ -143,11 +188,18 @@ async def test_session_that_ignores_its_timeout_is_reset(sandbox: Harness) -> No
 
 
 async def test_sessions_are_capped_and_expire_when_idle() -> None:
-    harness = await start_harness(make_config(sessions=SessionsConfig(
-        max_sessions=2, idle_timeout_s=0.5, reap_interval_s=0.1)))
+    harness = await start_harness(
+        make_config(
+            sessions=SessionsConfig(max_sessions=2, idle_timeout_s=0.5, reap_interval_s=0.1)
+        )
+    )
     try:
-        ids = [(await harness.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)).session_id
-               for _ in range(2)]
+        ids = [
+            (
+                await harness.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
+            ).session_id
+            for _ in range(2)
+        ]
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await harness.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -182,8 +234,11 @@ async def test_use_once_pool_replaces_each_sandbox() -> None:
 
 
 async def test_deadline_cancels_run_and_sandbox_is_replaced(sandbox: Harness) -> None:
-    request = sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="import time; time.sleep(30)",
-                                         limits=sandbox_pb2.Limits(timeout_s=20))
+    request = sandbox_pb2.ExecuteRequest(
+        language=sandbox_pb2.LANGUAGE_PYTHON,
+        code="import time; time.sleep(30)",
+        limits=sandbox_pb2.Limits(timeout_s=20),
+    )
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await sandbox.stub.Execute(request, timeout=0.5)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -197,9 +252,19 @@ def test_sandboxes_die_with_a_killed_service() -> None:
     sandbox with it."""
     assert not sandbox_processes()
     service = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet_sandbox", "--port", "0", "pool.size=2",
-         f"isolation.sandbox_uid={TEST_UID}", f"isolation.sandbox_gid={TEST_UID}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "rlfleet_sandbox",
+            "--port",
+            "0",
+            "pool.size=2",
+            f"isolation.sandbox_uid={TEST_UID}",
+            f"isolation.sandbox_gid={TEST_UID}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while len(sandbox_processes()) < 4 and time.monotonic() < deadline:
@@ -218,17 +283,26 @@ async def test_session_memory_bomb_keeps_the_session(sandbox: Harness) -> None:
     bomb = await sandbox.run("x = bytearray(1 << 30)", session_id=sid)
     assert bomb.status == sandbox_pb2.EXEC_STATUS_MEMORY
     assert (await sandbox.run("kept * 6", session_id=sid)).stdout == "42\n"
-    flood = await sandbox.run("while True: print('y' * 10000)", session_id=sid, max_output_bytes=20_000)
+    flood = await sandbox.run(
+        "while True: print('y' * 10000)", session_id=sid, max_output_bytes=20_000
+    )
     assert flood.status == sandbox_pb2.EXEC_STATUS_OUTPUT_LIMIT and len(flood.stdout) == 20_000
     assert (await sandbox.run("kept", session_id=sid)).stdout == "7\n"
 
 
 async def test_start_fails_loudly_when_sandboxes_cannot_start() -> None:
-    config = make_config(isolation={"python": "/nonexistent/python3", "sandbox_uid": TEST_UID,
-                                    "sandbox_gid": TEST_UID})
+    config = make_config(
+        isolation={
+            "python": "/nonexistent/python3",
+            "sandbox_uid": TEST_UID,
+            "sandbox_gid": TEST_UID,
+        }
+    )
     engine = SandboxEngine(config)
     with pytest.raises(SandboxStartError, match=r"sandbox did not start .*nonexistent/python3"):
         await engine.start()
     await engine.stop()
-    with pytest.raises(FileNotFoundError, match=r"isolation.bwrap: 'no-such-bwrap' not found; install bubblewrap"):
+    with pytest.raises(
+        FileNotFoundError, match=r"isolation.bwrap: 'no-such-bwrap' not found; install bubblewrap"
+    ):
         SandboxEngine(make_config(isolation={"bwrap": "no-such-bwrap"}))

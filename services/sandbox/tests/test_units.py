@@ -14,7 +14,14 @@ from rlfleet_sandbox.runner import compile_cell
 
 def test_bwrap_command_is_exact() -> None:
     cmd = build_bwrap_command(
-        prefix=["setpriv", "--reuid=1234", "--regid=1234", "--clear-groups", "--inh-caps=-all", "--"],
+        prefix=[
+            "setpriv",
+            "--reuid=1234",
+            "--regid=1234",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ],
         bwrap="/usr/bin/bwrap",
         host_paths=[HostPath("/usr"), HostPath("/lib", "usr/lib"), HostPath("/opt/py")],
         tmpfs_bytes=1 << 20,
@@ -22,25 +29,81 @@ def test_bwrap_command_is_exact() -> None:
         argv=["/usr/bin/python3", "-I", "-c", "pass"],
     )
     assert cmd == [
-        "setpriv", "--reuid=1234", "--regid=1234", "--clear-groups", "--inh-caps=-all", "--",
+        "setpriv",
+        "--reuid=1234",
+        "--regid=1234",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--",
         "/usr/bin/bwrap",
-        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts", "--unshare-cgroup",
-        "--disable-userns", "--assert-userns-disabled",
-        "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
-        "--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-        "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--ro-bind", "/opt/py", "/opt/py",
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", "1048576", "--tmpfs", "/tmp", "--size", "1048576", "--tmpfs", "/dev/shm",
-        "--remount-ro", "/dev", "--remount-ro", "/",
-        "--chdir", "/tmp", "--clearenv",
-        "--setenv", "HOME", "/tmp/work", "--setenv", "PATH", "/usr/bin",
-        "--", "/usr/bin/python3", "-I", "-c", "pass",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--disable-userns",
+        "--assert-userns-disabled",
+        "--uid",
+        "65534",
+        "--gid",
+        "65534",
+        "--hostname",
+        "sandbox",
+        "--as-pid-1",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--ro-bind",
+        "/opt/py",
+        "/opt/py",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        "1048576",
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        "1048576",
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+        "--clearenv",
+        "--setenv",
+        "HOME",
+        "/tmp/work",
+        "--setenv",
+        "PATH",
+        "/usr/bin",
+        "--",
+        "/usr/bin/python3",
+        "-I",
+        "-c",
+        "pass",
     ]
     assert "--share-net" not in cmd and "--bind" not in cmd  # nothing writable from the host
 
 
 def test_privilege_drop_only_as_root() -> None:
-    assert privilege_drop_prefix(4242, 4343, euid=0)[:3] == ["setpriv", "--reuid=4242", "--regid=4343"]
+    assert privilege_drop_prefix(4242, 4343, euid=0)[:3] == [
+        "setpriv",
+        "--reuid=4242",
+        "--regid=4343",
+    ]
     assert privilege_drop_prefix(4242, 4343, euid=1000) == []
 
 
@@ -59,7 +122,9 @@ def test_limits_config_checks_defaults_against_caps() -> None:
         LimitsConfig(max_timeout_s=5)
 
 
-@pytest.mark.parametrize("path", ["", "/abs", "../up", "a/../../b", "a/./b", "a//b", "sp ace/\n", "x" * 300])
+@pytest.mark.parametrize(
+    "path", ["", "/abs", "../up", "a/../../b", "a/./b", "a//b", "sp ace/\n", "x" * 300]
+)
 def test_bad_file_paths(path: str) -> None:
     with pytest.raises(InvalidArgument, match=r"files\[2\].path"):
         check_file_path(path, 2)
@@ -70,8 +135,14 @@ def test_good_file_path() -> None:
 
 
 def _facts(**kw: object) -> RunFacts:
-    base: dict[str, object] = {"exit_code": 0, "signal": 0, "cpu_s": 0.1, "timed_out": False,
-                               "memory_error": False, "output_overflow": False}
+    base: dict[str, object] = {
+        "exit_code": 0,
+        "signal": 0,
+        "cpu_s": 0.1,
+        "timed_out": False,
+        "memory_error": False,
+        "output_overflow": False,
+    }
     return RunFacts(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -79,15 +150,27 @@ def test_classify_order() -> None:
     limits = resolve_limits({"cpu_time_s": 2}, LimitsConfig())
     assert classify(_facts(), limits) is Status.OK
     assert classify(_facts(exit_code=1), limits) is Status.ERROR
-    assert classify(_facts(exit_code=-1, signal=signal.SIGKILL, timed_out=True, output_overflow=True),
-                    limits) is Status.OUTPUT_LIMIT
-    assert classify(_facts(exit_code=-1, signal=signal.SIGKILL, timed_out=True), limits) is Status.TIMEOUT
+    assert (
+        classify(
+            _facts(exit_code=-1, signal=signal.SIGKILL, timed_out=True, output_overflow=True),
+            limits,
+        )
+        is Status.OUTPUT_LIMIT
+    )
+    assert (
+        classify(_facts(exit_code=-1, signal=signal.SIGKILL, timed_out=True), limits)
+        is Status.TIMEOUT
+    )
     assert classify(_facts(exit_code=-1, signal=signal.SIGXCPU), limits) is Status.TIMEOUT
-    assert classify(_facts(exit_code=-1, signal=signal.SIGKILL, cpu_s=2.01), limits) is Status.TIMEOUT
+    assert (
+        classify(_facts(exit_code=-1, signal=signal.SIGKILL, cpu_s=2.01), limits) is Status.TIMEOUT
+    )
     assert classify(_facts(exit_code=-1, signal=signal.SIGKILL, cpu_s=0.5), limits) is Status.ERROR
     assert classify(_facts(exit_code=1, memory_error=True), limits) is Status.MEMORY
-    assert classify(_facts(exit_code=2, stderr_tail=b"bash: xmalloc: cannot allocate 8 bytes"),
-                    limits) is Status.MEMORY
+    assert (
+        classify(_facts(exit_code=2, stderr_tail=b"bash: xmalloc: cannot allocate 8 bytes"), limits)
+        is Status.MEMORY
+    )
     assert classify(_facts(exit_code=-1, signal=signal.SIGSEGV), limits) is Status.ERROR
 
 

@@ -79,6 +79,17 @@ def serve(
         ),
     ] = None,
     host: Annotated[str | None, typer.Option(help="Bind address.  [default: 127.0.0.1]")] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="rollout: generation engine, vllm or hf (same as engine=...)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="rollout: a local HF folder or a bundled model "
+            "(smollm2-135m-instruct, tiny); same as model=..."
+        ),
+    ] = None,
     config: ConfigPath = None,
     overrides: Overrides = None,
 ) -> None:
@@ -89,7 +100,12 @@ def serve(
     """
     try:
         definition = get_service(service)
-        cfg = load_service_config(definition, config, overrides or [], port, http_port, host)
+        shortcuts = [
+            f"{key}={value}" for key, value in (("engine", engine), ("model", model)) if value
+        ]
+        cfg = load_service_config(
+            definition, config, [*(overrides or []), *shortcuts], port, http_port, host
+        )
     except ServiceNotFound as exc:
         raise fail(str(exc)) from None
     except ConfigError as exc:

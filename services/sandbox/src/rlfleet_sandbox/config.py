@@ -29,9 +29,14 @@ class IsolationConfig(ConfigModel):
     symlinks; missing paths are skipped)."""
     extra_ro_binds: list[str] = Field(default_factory=list)
     """More host paths bound read-only at the same place (e.g. a Python outside /usr)."""
-    env: dict[str, str] = Field(default_factory=lambda: {
-        "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/work",
-        "PYTHONDONTWRITEBYTECODE": "1"})
+    env: dict[str, str] = Field(
+        default_factory=lambda: {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": "/tmp/work",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
     """The complete environment of sandboxed programs; nothing of the service's leaks in."""
     start_timeout_s: float = Field(10.0, gt=0)
     """A sandbox that is not ready this long after spawning counts as failed."""
@@ -65,12 +70,21 @@ class LimitsConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _defaults_within_caps(self) -> LimitsConfig:
-        for name in ("timeout_s", "cpu_time_s", "memory_bytes", "max_processes",
-                     "max_file_size_bytes", "max_open_files", "max_output_bytes"):
+        for name in (
+            "timeout_s",
+            "cpu_time_s",
+            "memory_bytes",
+            "max_processes",
+            "max_file_size_bytes",
+            "max_open_files",
+            "max_output_bytes",
+        ):
             cap = f"max_{name}"
             if getattr(self, name) > getattr(self, cap):
-                raise ValueError(f"{name} ({getattr(self, name)}) must be <= {cap} "
-                                 f"({getattr(self, cap)}); raise {cap} or lower {name}")
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) must be <= {cap} "
+                    f"({getattr(self, cap)}); raise {cap} or lower {name}"
+                )
         return self
 
 

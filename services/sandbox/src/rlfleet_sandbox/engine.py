@@ -63,8 +63,12 @@ class SandboxEngine:
         lost = False
         if request.session_id:
             if request.language is not Language.PYTHON:
-                raise InvalidArgument("language", f"sessions run Python only, got {request.language.value}")
-            raw, lost = await self.sessions.run(request.session_id, request, self.config.pool.kill_grace_s)
+                raise InvalidArgument(
+                    "language", f"sessions run Python only, got {request.language.value}"
+                )
+            raw, lost = await self.sessions.run(
+                request.session_id, request, self.config.pool.kill_grace_s
+            )
             mode = "session"
         else:
             raw = await self.pool.run(request)
@@ -77,8 +81,9 @@ class SandboxEngine:
         EXECUTION_SECONDS.labels(mode).observe(time.monotonic() - start)
         return result
 
-    async def create_session(self, limits: RunLimits, idle_timeout_s: float,
-                             session_id: str | None = None) -> Session:
+    async def create_session(
+        self, limits: RunLimits, idle_timeout_s: float, session_id: str | None = None
+    ) -> Session:
         return await self.sessions.create(limits, idle_timeout_s, session_id)
 
     async def close_session(self, session_id: str) -> bool:
@@ -86,8 +91,10 @@ class SandboxEngine:
 
     def list_sessions(self) -> list[SessionInfo]:
         now = time.monotonic()
-        return [SessionInfo(s.session_id, s.idle_timeout_s, now - s.last_used, s.calls, s.created)
-                for s in self.sessions.list()]
+        return [
+            SessionInfo(s.session_id, s.idle_timeout_s, now - s.last_used, s.calls, s.created)
+            for s in self.sessions.list()
+        ]
 
 
 def to_result(raw: RawRun, limits: RunLimits) -> ExecResult:
@@ -104,9 +111,19 @@ def to_result(raw: RawRun, limits: RunLimits) -> ExecResult:
             status = Status.ERROR if raw.wall_s > 0 else Status.SANDBOX_ERROR
         stderr = raw.stderr
         if status is Status.ERROR:
-            stderr += b"\n[sandbox] the sandbox ended before the program did (was its runner killed?)\n"
-        return ExecResult(status, raw.stdout, stderr, exit_code=-1, signal=9, wall_time_s=raw.wall_s,
-                          stdout_truncated=raw.stdout_overflow, stderr_truncated=raw.stderr_overflow)
+            stderr += (
+                b"\n[sandbox] the sandbox ended before the program did (was its runner killed?)\n"
+            )
+        return ExecResult(
+            status,
+            raw.stdout,
+            stderr,
+            exit_code=-1,
+            signal=9,
+            wall_time_s=raw.wall_s,
+            stdout_truncated=raw.stdout_overflow,
+            stderr_truncated=raw.stderr_overflow,
+        )
     facts = RunFacts(
         exit_code=int(report.get("exit_code", -1)),
         signal=int(report.get("signal", 0)),

@@ -30,10 +30,20 @@ PROCESS_STATUS = {
     Status.TIMEOUT: "timeout",
     Status.SANDBOX_ERROR: "failed",
 }
-_LANGUAGES = {"python3": Language.PYTHON, "python": Language.PYTHON, "ipython": Language.PYTHON,
-              "bash": Language.BASH}
-_HTTP_CODES = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429,
-               "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "FAILED_PRECONDITION": 409}
+_LANGUAGES = {
+    "python3": Language.PYTHON,
+    "python": Language.PYTHON,
+    "ipython": Language.PYTHON,
+    "bash": Language.BASH,
+}
+_HTTP_CODES = {
+    "INVALID_ARGUMENT": 400,
+    "NOT_FOUND": 404,
+    "RESOURCE_EXHAUSTED": 429,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+    "FAILED_PRECONDITION": 409,
+}
 
 
 class ExecuteBody(BaseModel):
@@ -70,15 +80,26 @@ def result_body(result: ExecResult) -> dict[str, Any]:
 def error_response(exc: ServiceError) -> JSONResponse:
     """Errors in the same shape as results, so clients that only read the body still
     see why (`process_status: failed`), with an HTTP code that says it too."""
-    return JSONResponse(status_code=_HTTP_CODES.get(exc.code.name, 500), content={
-        "process_status": "failed", "stdout": "", "stderr": exc.message, "detail": exc.message})
+    return JSONResponse(
+        status_code=_HTTP_CODES.get(exc.code.name, 500),
+        content={
+            "process_status": "failed",
+            "stdout": "",
+            "stderr": exc.message,
+            "detail": exc.message,
+        },
+    )
 
 
-async def execute(engine: SandboxEngine, body: ExecuteBody, header_session: str | None) -> dict[str, Any]:
+async def execute(
+    engine: SandboxEngine, body: ExecuteBody, header_session: str | None
+) -> dict[str, Any]:
     language = _LANGUAGES.get(body.language)
     if language is None:
-        raise InvalidArgument("language", f"{body.language!r} is not supported here; use one of "
-                              f"{', '.join(sorted(_LANGUAGES))}")
+        raise InvalidArgument(
+            "language",
+            f"{body.language!r} is not supported here; use one of {', '.join(sorted(_LANGUAGES))}",
+        )
     if body.timeout < 0:
         raise InvalidArgument("timeout", f"must be >= 0 seconds (0 = default), got {body.timeout}")
     limits = engine.limits({"timeout_s": body.timeout})
@@ -90,15 +111,21 @@ async def execute(engine: SandboxEngine, body: ExecuteBody, header_session: str 
         if session_id not in engine.sessions:
             # NeMo-Skills clients name sessions themselves and never create them first.
             await engine.create_session(limits, 0.0, session_id)
-    request = ExecRequest(language=language, code=body.generated_code, limits=limits,
-                          stdin=body.std_input.encode(), session_id=session_id)
+    request = ExecRequest(
+        language=language,
+        code=body.generated_code,
+        limits=limits,
+        stdin=body.std_input.encode(),
+        session_id=session_id,
+    )
     return result_body(await engine.execute(request))
 
 
 def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
     @app.post("/execute", response_model=None)
-    async def post_execute(body: ExecuteBody,
-                           x_session_id: str | None = Header(default=None)) -> dict[str, Any] | JSONResponse:
+    async def post_execute(
+        body: ExecuteBody, x_session_id: str | None = Header(default=None)
+    ) -> dict[str, Any] | JSONResponse:
         try:
             return await execute(engine, body, x_session_id)
         except ServiceError as exc:
@@ -106,19 +133,34 @@ def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "healthy", "pool_idle": engine.pool.idle,
-                "sessions": len(engine.sessions.list())}
+        return {
+            "status": "healthy",
+            "pool_idle": engine.pool.idle,
+            "sessions": len(engine.sessions.list()),
+        }
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:
-        return {"sessions": [
-            {"session_id": s.session_id, "idle_s": round(s.idle_s, 3), "idle_timeout_s": s.idle_timeout_s,
-             "calls": s.calls, "created_unix_s": s.created_unix_s}
-            for s in engine.list_sessions()]}
+        return {
+            "sessions": [
+                {
+                    "session_id": s.session_id,
+                    "idle_s": round(s.idle_s, 3),
+                    "idle_timeout_s": s.idle_timeout_s,
+                    "calls": s.calls,
+                    "created_unix_s": s.created_unix_s,
+                }
+                for s in engine.list_sessions()
+            ]
+        }
 
     @app.delete("/sessions/{session_id}", response_model=None)
     async def delete_session(session_id: str) -> dict[str, Any] | JSONResponse:
         if not await engine.close_session(session_id):
-            return JSONResponse(status_code=404, content={
-                "detail": f"session {session_id!r} does not exist (closed, expired or never created)"})
+            return JSONResponse(
+                status_code=404,
+                content={
+                    "detail": f"session {session_id!r} does not exist (closed, expired or never created)"
+                },
+            )
         return {"session_id": session_id, "closed": True}

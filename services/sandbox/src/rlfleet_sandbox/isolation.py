@@ -54,17 +54,28 @@ def build_bwrap_command(
     cmd = [
         *prefix,
         bwrap,
-        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net",
-        "--unshare-uts", "--unshare-cgroup",
-        "--disable-userns", "--assert-userns-disabled",
-        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-        "--hostname", SANDBOX_HOSTNAME,
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--disable-userns",
+        "--assert-userns-disabled",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--hostname",
+        SANDBOX_HOSTNAME,
         # The runner is the namespace's init: bwrap's own init would be a dumpable process
         # of the sandbox's uid that a program could ptrace and that survives between runs;
         # as init, the runner also cannot be killed from inside.
         "--as-pid-1",
-        "--die-with-parent", "--new-session",
-        "--cap-drop", "ALL",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
     ]
     for host in host_paths:
         if host.symlink_target is not None:
@@ -72,14 +83,25 @@ def build_bwrap_command(
         else:
             cmd += ["--ro-bind", host.path, host.path]
     cmd += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
-        "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(tmpfs_bytes),
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        str(tmpfs_bytes),
+        "--tmpfs",
+        "/dev/shm",
         # The root and /dev are bwrap's own tmpfs mounts with no size cap: read-only.
-        "--remount-ro", "/dev",
-        "--remount-ro", "/",
-        "--chdir", "/tmp",
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
         "--clearenv",
     ]
     for key, value in sorted(env.items()):
@@ -94,7 +116,8 @@ def resolve_bwrap(bwrap: str) -> str:
     if found is None:
         raise FileNotFoundError(
             f"isolation.bwrap: {bwrap!r} not found; install bubblewrap "
-            "(apt-get install -y bubblewrap) or set isolation.bwrap to its path")
+            "(apt-get install -y bubblewrap) or set isolation.bwrap to its path"
+        )
     return found
 
 
@@ -106,5 +129,11 @@ def privilege_drop_prefix(sandbox_uid: int, sandbox_gid: int, euid: int) -> list
     flight; a plain exec lets Python use vfork.)"""
     if euid != 0:
         return []
-    return ["setpriv", f"--reuid={sandbox_uid}", f"--regid={sandbox_gid}", "--clear-groups",
-            "--inh-caps=-all", "--"]
+    return [
+        "setpriv",
+        f"--reuid={sandbox_uid}",
+        f"--regid={sandbox_gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--",
+    ]

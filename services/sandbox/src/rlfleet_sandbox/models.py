@@ -43,24 +43,38 @@ class RunLimits:
     max_output_bytes: int
 
     def for_runner(self) -> dict[str, Any]:
-        return {"cpu_time_s": self.cpu_time_s, "memory_bytes": self.memory_bytes,
-                "max_processes": self.max_processes,
-                "max_file_size_bytes": self.max_file_size_bytes,
-                "max_open_files": self.max_open_files}
+        return {
+            "cpu_time_s": self.cpu_time_s,
+            "memory_bytes": self.memory_bytes,
+            "max_processes": self.max_processes,
+            "max_file_size_bytes": self.max_file_size_bytes,
+            "max_open_files": self.max_open_files,
+        }
 
 
-_LIMIT_NAMES = ("timeout_s", "cpu_time_s", "memory_bytes", "max_processes",
-                "max_file_size_bytes", "max_open_files", "max_output_bytes")
+_LIMIT_NAMES = (
+    "timeout_s",
+    "cpu_time_s",
+    "memory_bytes",
+    "max_processes",
+    "max_file_size_bytes",
+    "max_open_files",
+    "max_output_bytes",
+)
 
 
-def resolve_limits(requested: dict[str, float], config: LimitsConfig, field_prefix: str = "limits") -> RunLimits:
+def resolve_limits(
+    requested: dict[str, float], config: LimitsConfig, field_prefix: str = "limits"
+) -> RunLimits:
     """0 (or absent) means the configured default; larger than the cap is clamped to the
     cap; negative is an error naming the field."""
     values: dict[str, Any] = {}
     for name in _LIMIT_NAMES:
         value = requested.get(name, 0) or 0
         if value < 0:
-            raise InvalidArgument(f"{field_prefix}.{name}", f"must be >= 0 (0 = default), got {value}")
+            raise InvalidArgument(
+                f"{field_prefix}.{name}", f"must be >= 0 (0 = default), got {value}"
+            )
         cap = getattr(config, f"max_{name}")
         chosen = min(value, cap) if value else getattr(config, name)
         values[name] = type(getattr(config, name))(chosen)
@@ -86,7 +100,9 @@ def check_file_path(path: str, index: int) -> str:
     if any(p in ("", ".", "..") for p in parts):
         raise InvalidArgument(where, f"must stay inside the work dir (no '..'), got {path!r}")
     if not all(_SAFE_PART.match(p) for p in parts) or len(path) > 255:
-        raise InvalidArgument(where, f"use letters, digits and . _ - + @ = , (max 255 chars), got {path!r}")
+        raise InvalidArgument(
+            where, f"use letters, digits and . _ - + @ = , (max 255 chars), got {path!r}"
+        )
     return path
 
 
@@ -138,7 +154,8 @@ def classify(facts: RunFacts, limits: RunLimits) -> Status:
     if facts.timed_out:
         return Status.TIMEOUT
     if facts.signal == signal.SIGXCPU or (
-        facts.signal == signal.SIGKILL and facts.cpu_s >= int(limits.cpu_time_s + 0.999)):
+        facts.signal == signal.SIGKILL and facts.cpu_s >= int(limits.cpu_time_s + 0.999)
+    ):
         return Status.TIMEOUT
     if facts.memory_error:
         return Status.MEMORY

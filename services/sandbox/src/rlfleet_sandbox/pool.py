@@ -46,8 +46,9 @@ class WarmPool:
     async def start(self) -> None:
         """Fill the pool; the first failure aborts start-up (isolation does not work here,
         and serving without it is not an option)."""
-        sandboxes = await asyncio.gather(*(self._spawn() for _ in range(self._config.size)),
-                                         return_exceptions=True)
+        sandboxes = await asyncio.gather(
+            *(self._spawn() for _ in range(self._config.size)), return_exceptions=True
+        )
         errors = [s for s in sandboxes if isinstance(s, BaseException)]
         for sandbox in sandboxes:
             if isinstance(sandbox, Sandbox):
@@ -76,7 +77,8 @@ class WarmPool:
             raise Unavailable(f"no sandbox can be started: {self.last_error}")
         if self._idle.empty() and self._waiting >= self._config.max_waiting:
             raise ResourceExhausted(
-                f"{self._waiting} runs already wait for a sandbox (pool.max_waiting); retry later")
+                f"{self._waiting} runs already wait for a sandbox (pool.max_waiting); retry later"
+            )
         self._waiting += 1
         POOL_WAITING.set(self._waiting)
         try:
@@ -110,7 +112,9 @@ class WarmPool:
             try:
                 sandbox = await self._spawn()
             except SandboxStartError:
-                logger.error("cannot start a sandbox (attempt %d): %s", attempt + 1, self.last_error)
+                logger.error(
+                    "cannot start a sandbox (attempt %d): %s", attempt + 1, self.last_error
+                )
                 if backoff_s is None:
                     return
                 await asyncio.sleep(backoff_s)

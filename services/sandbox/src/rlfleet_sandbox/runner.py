@@ -274,8 +274,11 @@ def scrub(baseline_limits: list[tuple[int, int]]) -> bool:
 
 
 def current_limits() -> list[tuple[int, int]]:
-    return [resource.getrlimit(getattr(resource, name)) for name in dir(resource)
-            if name.startswith("RLIMIT_")]
+    return [
+        resource.getrlimit(getattr(resource, name))
+        for name in dir(resource)
+        if name.startswith("RLIMIT_")
+    ]
 
 
 def supervise(sock: socket.socket, child: int, timeout_s: float) -> dict[str, Any]:
@@ -368,11 +371,15 @@ def run_cell(request: dict[str, Any], fds: list[int], namespace: dict[str, Any])
     # output that could not be flushed into a closed pipe) leaks into this one.
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(  # noqa: SIM115
+        2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
+    )
     before = resource.getrusage(resource.RUSAGE_SELF)
     cpu_before = before.ru_utime + before.ru_stime
-    resource.setrlimit(resource.RLIMIT_CPU,
-                       (math.ceil(cpu_before + request["limits"]["cpu_time_s"]), resource.RLIM_INFINITY))
+    resource.setrlimit(
+        resource.RLIMIT_CPU,
+        (math.ceil(cpu_before + request["limits"]["cpu_time_s"]), resource.RLIM_INFINITY),
+    )
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise CellTimeout(f"cell exceeded its {request['timeout_s']} s wall-clock limit")
@@ -403,10 +410,17 @@ def run_cell(request: dict[str, Any], fds: list[int], namespace: dict[str, Any])
             stream.flush()
     os.close(null)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    return {"wall_s": wall_s, "cpu_s": after.ru_utime + after.ru_stime - cpu_before,
-            "max_rss_kb": after.ru_maxrss, "exit_code": exit_code, "signal": 0,
-            "timed_out": kind == "timeout", "killed": False,
-            "memory_error": kind == "memory", "reusable": True}
+    return {
+        "wall_s": wall_s,
+        "cpu_s": after.ru_utime + after.ru_stime - cpu_before,
+        "max_rss_kb": after.ru_maxrss,
+        "exit_code": exit_code,
+        "signal": 0,
+        "timed_out": kind == "timeout",
+        "killed": False,
+        "memory_error": kind == "memory",
+        "reusable": True,
+    }
 
 
 def serve_session(sock: socket.socket, limits: dict[str, Any]) -> None:

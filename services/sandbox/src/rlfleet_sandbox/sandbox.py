@@ -64,15 +64,31 @@ class SandboxSpec:
             host_paths=tuple(probe_host_paths([*config.ro_binds, *config.extra_ro_binds])),
             tmpfs_bytes=config.tmpfs_bytes,
             env=tuple(sorted(config.env.items())),
-            prefix=tuple(privilege_drop_prefix(config.sandbox_uid, config.sandbox_gid, os.geteuid())),
+            prefix=tuple(
+                privilege_drop_prefix(config.sandbox_uid, config.sandbox_gid, os.geteuid())
+            ),
             start_timeout_s=config.start_timeout_s,
         )
 
     def command(self, mode: str, ctrl_fd: int, session_limits: dict[str, Any] | None) -> list[str]:
-        argv = [self.python, "-I", "-c", runner_source(), mode, str(ctrl_fd),
-                json.dumps(session_limits or {}), RUNNER_MARK]
-        return build_bwrap_command(prefix=self.prefix, bwrap=self.bwrap, host_paths=self.host_paths,
-                                   tmpfs_bytes=self.tmpfs_bytes, env=dict(self.env), argv=argv)
+        argv = [
+            self.python,
+            "-I",
+            "-c",
+            runner_source(),
+            mode,
+            str(ctrl_fd),
+            json.dumps(session_limits or {}),
+            RUNNER_MARK,
+        ]
+        return build_bwrap_command(
+            prefix=self.prefix,
+            bwrap=self.bwrap,
+            host_paths=self.host_paths,
+            tmpfs_bytes=self.tmpfs_bytes,
+            env=dict(self.env),
+            argv=argv,
+        )
 
 
 _SOURCE: list[str] = []
@@ -80,7 +96,9 @@ _SOURCE: list[str] = []
 
 def runner_source() -> str:
     if not _SOURCE:
-        _SOURCE.append(files(runner.__package__ or "rlfleet_sandbox").joinpath("runner.py").read_text())
+        _SOURCE.append(
+            files(runner.__package__ or "rlfleet_sandbox").joinpath("runner.py").read_text()
+        )
     return _SOURCE[0]
 
 
@@ -112,14 +130,19 @@ class Sandbox:
         self.created = time.monotonic()
 
     @classmethod
-    async def spawn(cls, spec: SandboxSpec, mode: str,
-                    session_limits: dict[str, Any] | None = None) -> Sandbox:
+    async def spawn(
+        cls, spec: SandboxSpec, mode: str, session_limits: dict[str, Any] | None = None
+    ) -> Sandbox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             process = await asyncio.create_subprocess_exec(
                 *spec.command(mode, theirs.fileno(), session_limits),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                pass_fds=(theirs.fileno(),), env=_BWRAP_ENV, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),),
+                env=_BWRAP_ENV,
+                start_new_session=True,
             )
         except OSError as exc:
             ours.close()
@@ -142,7 +165,8 @@ class Sandbox:
                     why = await asyncio.wait_for(process.stderr.read(4096), 1.0)
             raise SandboxStartError(
                 f"sandbox did not start (bwrap exit {process.returncode}): "
-                f"{why.decode(errors='replace').strip() or 'no message'}")
+                f"{why.decode(errors='replace').strip() or 'no message'}"
+            )
         return sandbox
 
     @property
@@ -158,14 +182,30 @@ class Sandbox:
         stdin_r, stdin_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        message = {"op": "run", "language": request.language.value,
-                   "timeout_s": request.limits.timeout_s, "limits": request.limits.for_runner()}
-        payload = json.dumps({"code": request.code, "files": [
-            {"path": f.path, "content": base64.b64encode(f.content).decode(), "executable": f.executable}
-            for f in request.files]}).encode()
+        message = {
+            "op": "run",
+            "language": request.language.value,
+            "timeout_s": request.limits.timeout_s,
+            "limits": request.limits.for_runner(),
+        }
+        payload = json.dumps(
+            {
+                "code": request.code,
+                "files": [
+                    {
+                        "path": f.path,
+                        "content": base64.b64encode(f.content).decode(),
+                        "executable": f.executable,
+                    }
+                    for f in request.files
+                ],
+            }
+        ).encode()
         start = time.monotonic()
         try:
-            socket.send_fds(self.sock, [json.dumps(message).encode()], [payload_r, stdin_r, out_w, err_w])
+            socket.send_fds(
+                self.sock, [json.dumps(message).encode()], [payload_r, stdin_r, out_w, err_w]
+            )
         except OSError:
             for fd in (payload_r, payload_w, stdin_r, stdin_w, out_r, out_w, err_r, err_w):
                 os.close(fd)
@@ -178,13 +218,19 @@ class Sandbox:
         overflow = asyncio.Event()
         cap = request.limits.max_output_bytes
         readers = (CappedReader(out_r, cap, overflow.set), CappedReader(err_r, cap, overflow.set))
-        feeders = [asyncio.create_task(feed(payload_w, payload)), asyncio.create_task(feed(stdin_w, request.stdin))]
+        feeders = [
+            asyncio.create_task(feed(payload_w, payload)),
+            asyncio.create_task(feed(stdin_w, request.stdin)),
+        ]
         report_task = asyncio.create_task(loop.sock_recv(self.sock, runner.MAX_MESSAGE_BYTES))
         overflow_task = asyncio.create_task(overflow.wait())
         backstop_killed = False
         try:
-            await asyncio.wait({report_task, overflow_task}, timeout=request.limits.timeout_s + backstop_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {report_task, overflow_task},
+                timeout=request.limits.timeout_s + backstop_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             if overflow.is_set() and not report_task.done():
                 self._stop_after_overflow(readers)
                 await asyncio.wait({report_task}, timeout=backstop_s)
@@ -206,8 +252,15 @@ class Sandbox:
             await asyncio.gather(*feeders, return_exceptions=True)
         if report is None or not report.get("reusable", False):
             self.healthy = False
-        return RawRun(report, readers[0].data, readers[1].data, readers[0].overflowed,
-                      readers[1].overflowed, backstop_killed, time.monotonic() - start)
+        return RawRun(
+            report,
+            readers[0].data,
+            readers[1].data,
+            readers[0].overflowed,
+            readers[1].overflowed,
+            backstop_killed,
+            time.monotonic() - start,
+        )
 
     def _stop_after_overflow(self, readers: tuple[CappedReader, CappedReader]) -> None:
         if self.mode == "oneshot":

@@ -12,7 +12,10 @@ from rlfleet_sandbox.engine import SandboxEngine
 from rlfleet_sandbox.models import ExecRequest, ExecResult, InputFile, Language, check_file_path
 from rlfleet_sandbox.sessions import check_session_id
 
-_LANGUAGES = {sandbox_pb2.LANGUAGE_PYTHON: Language.PYTHON, sandbox_pb2.LANGUAGE_BASH: Language.BASH}
+_LANGUAGES = {
+    sandbox_pb2.LANGUAGE_PYTHON: Language.PYTHON,
+    sandbox_pb2.LANGUAGE_BASH: Language.BASH,
+}
 _STATUS = {
     "OK": sandbox_pb2.EXEC_STATUS_OK,
     "ERROR": sandbox_pb2.EXEC_STATUS_ERROR,
@@ -21,8 +24,15 @@ _STATUS = {
     "OUTPUT_LIMIT": sandbox_pb2.EXEC_STATUS_OUTPUT_LIMIT,
     "SANDBOX_ERROR": sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR,
 }
-_LIMIT_FIELDS = ("timeout_s", "cpu_time_s", "memory_bytes", "max_processes",
-                 "max_file_size_bytes", "max_open_files", "max_output_bytes")
+_LIMIT_FIELDS = (
+    "timeout_s",
+    "cpu_time_s",
+    "memory_bytes",
+    "max_processes",
+    "max_file_size_bytes",
+    "max_open_files",
+    "max_output_bytes",
+)
 
 
 def limits_from_proto(limits: sandbox_pb2.Limits) -> dict[str, float]:
@@ -32,13 +42,24 @@ def limits_from_proto(limits: sandbox_pb2.Limits) -> dict[str, float]:
 def request_from_proto(engine: SandboxEngine, request: sandbox_pb2.ExecuteRequest) -> ExecRequest:
     language = _LANGUAGES.get(request.language)
     if language is None:
-        raise InvalidArgument("language", "must be LANGUAGE_PYTHON or LANGUAGE_BASH, got "
-                              f"{sandbox_pb2.Language.Name(request.language) if request.language in sandbox_pb2.Language.values() else request.language}")
-    files = tuple(InputFile(check_file_path(f.path, i), f.content, f.executable)
-                  for i, f in enumerate(request.files))
+        raise InvalidArgument(
+            "language",
+            "must be LANGUAGE_PYTHON or LANGUAGE_BASH, got "
+            f"{sandbox_pb2.Language.Name(request.language) if request.language in sandbox_pb2.Language.values() else request.language}",
+        )
+    files = tuple(
+        InputFile(check_file_path(f.path, i), f.content, f.executable)
+        for i, f in enumerate(request.files)
+    )
     session_id = check_session_id(request.session_id) if request.session_id else ""
-    return ExecRequest(language=language, code=request.code, limits=engine.limits(limits_from_proto(request.limits)),
-                       stdin=request.stdin.encode(), files=files, session_id=session_id)
+    return ExecRequest(
+        language=language,
+        code=request.code,
+        limits=engine.limits(limits_from_proto(request.limits)),
+        stdin=request.stdin.encode(),
+        files=files,
+        session_id=session_id,
+    )
 
 
 def result_to_proto(result: ExecResult) -> sandbox_pb2.ExecuteResult:
@@ -59,18 +80,23 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(self, engine: SandboxEngine) -> None:
         self.engine = engine
 
-    async def Execute(self, request: sandbox_pb2.ExecuteRequest,
-                      context: aio.ServicerContext[Any, Any]) -> sandbox_pb2.ExecuteResult:
+    async def Execute(
+        self, request: sandbox_pb2.ExecuteRequest, context: aio.ServicerContext[Any, Any]
+    ) -> sandbox_pb2.ExecuteResult:
         result = await self.engine.execute(request_from_proto(self.engine, request))
         return result_to_proto(result)
 
-    async def CreateSession(self, request: sandbox_pb2.CreateSessionRequest,
-                            context: aio.ServicerContext[Any, Any]) -> sandbox_pb2.Session:
+    async def CreateSession(
+        self, request: sandbox_pb2.CreateSessionRequest, context: aio.ServicerContext[Any, Any]
+    ) -> sandbox_pb2.Session:
         limits = self.engine.limits(limits_from_proto(request.limits))
         session = await self.engine.create_session(limits, request.idle_timeout_s)
-        return sandbox_pb2.Session(session_id=session.session_id, idle_timeout_s=session.idle_timeout_s)
+        return sandbox_pb2.Session(
+            session_id=session.session_id, idle_timeout_s=session.idle_timeout_s
+        )
 
-    async def CloseSession(self, request: sandbox_pb2.CloseSessionRequest,
-                           context: aio.ServicerContext[Any, Any]) -> sandbox_pb2.CloseSessionResponse:
+    async def CloseSession(
+        self, request: sandbox_pb2.CloseSessionRequest, context: aio.ServicerContext[Any, Any]
+    ) -> sandbox_pb2.CloseSessionResponse:
         existed = await self.engine.close_session(check_session_id(request.session_id))
         return sandbox_pb2.CloseSessionResponse(existed=existed)

@@ -29,8 +29,10 @@ from rlfleet_sandbox.sandbox import RawRun, Sandbox, SandboxSpec, SandboxStartEr
 logger = logging.getLogger(__name__)
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-RESET_NOTE = (b"\n[sandbox] the session's interpreter was stopped (it overran its limits or "
-              b"crashed); its state is lost and the next call starts afresh.\n")
+RESET_NOTE = (
+    b"\n[sandbox] the session's interpreter was stopped (it overran its limits or "
+    b"crashed); its state is lost and the next call starts afresh.\n"
+)
 
 
 @dataclass
@@ -65,12 +67,16 @@ class SessionManager:
 
     def resolve_idle_timeout(self, requested_s: float) -> float:
         if requested_s < 0:
-            raise InvalidArgument("idle_timeout_s", f"must be >= 0 (0 = default), got {requested_s}")
+            raise InvalidArgument(
+                "idle_timeout_s", f"must be >= 0 (0 = default), got {requested_s}"
+            )
         if requested_s == 0:
             return self._config.idle_timeout_s
         return min(requested_s, self._config.max_idle_timeout_s)
 
-    async def create(self, limits: RunLimits, idle_timeout_s: float, session_id: str | None = None) -> Session:
+    async def create(
+        self, limits: RunLimits, idle_timeout_s: float, session_id: str | None = None
+    ) -> Session:
         """Open a session (its sandbox starts now, so the first call is warm)."""
         if session_id is None:
             session_id = uuid.uuid4().hex
@@ -79,7 +85,8 @@ class SessionManager:
         if len(self._sessions) >= self._config.max_sessions:
             raise ResourceExhausted(
                 f"{len(self._sessions)} sessions are open (sessions.max_sessions); close one "
-                "(DELETE /sessions/{id} or CloseSession) or wait for idle ones to expire")
+                "(DELETE /sessions/{id} or CloseSession) or wait for idle ones to expire"
+            )
         session = Session(session_id, limits, self.resolve_idle_timeout(idle_timeout_s))
         self._sessions[session_id] = session
         SESSIONS_OPEN.set(len(self._sessions))
@@ -104,13 +111,17 @@ class SessionManager:
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
-            raise NotFound(f"session {session_id!r} does not exist (closed, expired or never created)")
+            raise NotFound(
+                f"session {session_id!r} does not exist (closed, expired or never created)"
+            )
         return session
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    async def run(self, session_id: str, request: ExecRequest, kill_grace_s: float) -> tuple[RawRun, bool]:
+    async def run(
+        self, session_id: str, request: ExecRequest, kill_grace_s: float
+    ) -> tuple[RawRun, bool]:
         """Run one cell; returns the raw run and whether the session's state was lost."""
         session = self.get(session_id)
         async with session.lock:
