@@ -277,6 +277,66 @@ def reward_score(
 
 
 @app.command()
+def rl(
+    stage: Annotated[str, typer.Argument(help="Stage kind: rlvr, swe, rlhf or grpo.")],
+    config: Annotated[
+        str,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Recipe: a YAML file or a bundled "
+            "name (super3/rlvr1, super3/swe1, super3/swe2, super3/rlhf, "
+            "nano3/grpo, test).",
+        ),
+    ],
+    run: Annotated[
+        str, typer.Option("--run", help="Profile from env.toml: local, compose or a SLURM profile.")
+    ] = "local",
+    dry_run: Annotated[
+        bool, typer.Option(help="Print the resolved recipe and the launch plan; start nothing.")
+    ] = False,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run folder [default: runs/<stage>].")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue the stage from its latest checkpoint.")
+    ] = False,
+    overrides: Overrides = None,
+) -> None:
+    """Run one RL stage from a recipe (or show its plan with --dry-run)."""
+    from rlfleet_cli.launch.profiles import LocalProfile, load_profile
+    from rlfleet_cli.recipes import load_recipe
+    from rlfleet_cli.stage import StageError, check_stage, launch_plan, run_local, summary
+
+    try:
+        recipe = load_recipe(config, overrides or [])
+        check_stage(stage, recipe, config)
+        profile = load_profile(run)
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    except StageError as exc:
+        raise fail(str(exc)) from None
+    run_dir = out_dir or Path("runs") / recipe.stage
+    if dry_run:
+        table = Table(title=f"{config} ({run})", show_header=False)
+        for key, value in summary(recipe):
+            table.add_row(key, value)
+        out.print(table)
+        out.print("# resolved recipe")
+        out.print(dump_yaml(recipe), end="", markup=False)
+        out.print("# launch plan")
+        out.print(launch_plan(recipe, profile, run_dir), end="", markup=False)
+        return
+    if not isinstance(profile, LocalProfile):
+        raise fail(
+            f"--run {run}: only local stages start from this command today; "
+            f"use --dry-run to get the {profile.launcher} launch plan",
+            code=1,
+        )
+    raise typer.Exit(run_local(recipe, run_dir, resume))
+
+
+@app.command()
 def bench(
     name: Annotated[str | None, typer.Argument(help="Benchmark to run; omit to list them.")] = None,
     as_json: Annotated[

@@ -217,6 +217,32 @@ class CheckpointConfig(ConfigModel):
     """Also write a HF folder (safetensors + config + tokenizer) with the final weights."""
 
 
+class ClusterConfig(ConfigModel):
+    """Where a stage runs at scale (used by the SLURM launcher and --dry-run plans)."""
+
+    num_nodes: int = Field(1, ge=1)
+    """All nodes of the stage, generation and judges included."""
+    gpus_per_node: int = Field(8, ge=1)
+    generation_nodes: int = Field(0, ge=0)
+    """Nodes of the rollout service (generation not colocated with training); 0 = colocated."""
+    gym_gpu_nodes: int = Field(0, ge=0)
+    """GPU nodes for reward-side models (LLM judges, GenRM)."""
+
+    @property
+    def training_nodes(self) -> int:
+        return self.num_nodes - self.generation_nodes - self.gym_gpu_nodes
+
+    @model_validator(mode="after")
+    def _training_nodes_left(self) -> ClusterConfig:
+        if self.training_nodes < 1:
+            raise ValueError(
+                f"cluster.num_nodes ({self.num_nodes}) must exceed cluster.generation_nodes "
+                f"({self.generation_nodes}) + cluster.gym_gpu_nodes ({self.gym_gpu_nodes}) "
+                "to leave nodes for training"
+            )
+        return self
+
+
 class RecipeConfig(ConfigModel):
     """One RL stage: what to train, on which data, with which algorithm settings."""
 
@@ -228,6 +254,7 @@ class RecipeConfig(ConfigModel):
     data: DataConfig = DataConfig()
     services: ServicesConfig = ServicesConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
     @property
     def global_batch_size(self) -> int:
