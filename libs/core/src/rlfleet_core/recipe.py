@@ -223,6 +223,7 @@ class ClusterConfig(ConfigModel):
     num_nodes: int = Field(1, ge=1)
     """All nodes of the stage, generation and judges included."""
     gpus_per_node: int = Field(8, ge=1)
+    """GPUs on each node."""
     generation_nodes: int = Field(0, ge=0)
     """Nodes of the rollout service (generation not colocated with training); 0 = colocated."""
     gym_gpu_nodes: int = Field(0, ge=0)
