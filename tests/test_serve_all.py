@@ -40,17 +40,31 @@ def wait_serving(port: int, service: str, timeout_s: float = 60.0) -> str:
     return last
 
 
+# The rollout service defaults to vLLM, whose start takes minutes on a loaded 2-core box;
+# its vLLM path has its own tests (services/rollout). Here: the bootstrap contract.
+EXTRA_ARGS = {"rollout": ["--engine", "hf", "--model", "tiny"]}
+
+
 @pytest.mark.parametrize("service", list(SERVICES))
 def test_serve_health_and_sigterm(service: str) -> None:
     port, http_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [RLFLEET, "serve", service, "--port", str(port), "--http-port", str(http_port)],
+        [
+            RLFLEET,
+            "serve",
+            service,
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            *EXTRA_ARGS.get(service, []),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert wait_serving(port, "") == "SERVING"
+        assert wait_serving(port, "", timeout_s=180) == "SERVING"
         assert wait_serving(port, SERVICES[service], timeout_s=5) == "SERVING"
         health = httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=5)
         assert (health.status_code, health.text) == (200, "SERVING")
