@@ -1,99 +1,27 @@
-"""Fixtures: a real reward service in a subprocess (gRPC + HTTP on loopback) and the
-sandbox test double it calls for the `code` environment."""
+"""Fixtures: a real reward service in a subprocess and the sandbox test double it calls for
+the `code` environment. Helpers live in reward_support.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from rlfleet_core.client import check_health
-from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
+from rlfleet_proto.v1 import reward_pb2_grpc
 
 TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:  # sandbox_double, reward_test_envs (workers import the latter)
+if str(TESTS_DIR) not in sys.path:  # reward_support, sandbox_double, reward_test_envs
     sys.path.insert(0, str(TESTS_DIR))
 
+from reward_support import (  # noqa: E402
+    TEST_ENVS,
+    RewardServer,
+    start_reward_server,
+    stop_reward_server,
+)
 from sandbox_double import start_sandbox_double  # noqa: E402
-
-TEST_ENVS = "{hang: reward_test_envs:HangEnvironment, crash: reward_test_envs:CrashEnvironment}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class RewardServer:
-    process: subprocess.Popen[bytes]
-    grpc_target: str
-    http_url: str
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:]
-
-
-def start_reward_server(tmp: Path, overrides: list[str], name: str = "reward") -> RewardServer:
-    port, http_port = free_port(), free_port()
-    log_path = tmp / f"{name}.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-        "PYTHONWARNINGS": "ignore::SyntaxWarning",
-    }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rlfleet_reward",
-            "--port",
-            str(port),
-            "--http-port",
-            str(http_port),
-            *overrides,
-        ],
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    target = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"reward server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}"
-            )
-        try:
-            if check_health(target, timeout_s=1.0) == "SERVING":
-                return RewardServer(process, target, f"http://127.0.0.1:{http_port}", log_path)
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"reward server not SERVING after 180s:\n{log_path.read_text()[-3000:]}")
-
-
-def stop_reward_server(server: RewardServer) -> int:
-    server.process.send_signal(signal.SIGTERM)
-    try:
-        return server.process.wait(30)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait(5)
-        raise
 
 
 @pytest.fixture(scope="session")
@@ -129,80 +57,3 @@ def channel(reward_server: RewardServer) -> Iterator[grpc.Channel]:
 @pytest.fixture(scope="session")
 def stub(channel: grpc.Channel) -> reward_pb2_grpc.RewardServiceStub:
     return reward_pb2_grpc.RewardServiceStub(channel)
-
-
-def score_request(
-    env: str, row: dict[str, Any] | str, text: str, num_tokens: int = 0, request_id: str = ""
-) -> reward_pb2.ScoreRequest:
-    row_json = row if isinstance(row, str) else json.dumps(row)
-    return reward_pb2.ScoreRequest(
-        request_id=request_id,
-        env=env,
-        row_json=row_json,
-        response=reward_pb2.Response(text=text, num_tokens=num_tokens),
-    )
-
-
-def nemo_response(
-    text: str,
-    *,
-    reasoning: str = "",
-    output_tokens: int | None = None,
-    function_calls: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """An OpenAI Responses object as NeMo-Gym's model server returns it."""
-    output: list[dict[str, Any]] = []
-    if reasoning:
-        output.append(
-            {
-                "id": "rs_1",
-                "type": "reasoning",
-                "summary": [{"type": "summary_text", "text": reasoning}],
-            }
-        )
-    for i, call in enumerate(function_calls or []):
-        output.append(
-            {
-                "id": f"fc_{i}",
-                "type": "function_call",
-                "call_id": f"call_{i}",
-                "status": "completed",
-                "name": call["name"],
-                "arguments": json.dumps(call["arguments"]),
-            }
-        )
-    if text:
-        output.append(
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        )
-    response: dict[str, Any] = {
-        "id": "resp_1",
-        "object": "response",
-        "created_at": 1.0,
-        "model": "policy",
-        "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-    }
-    if output_tokens is not None:
-        response["usage"] = {
-            "input_tokens": 10,
-            "output_tokens": output_tokens,
-            "total_tokens": 10 + output_tokens,
-        }
-    return response
-
-
-def nemo_request(prompt: str, response: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": prompt}]},
-        "response": response,
-        **fields,
-    }

@@ -64,7 +64,7 @@ def test_code_without_sandbox_is_an_explicit_failure() -> None:
 
 
 def test_code_with_unreachable_sandbox_is_a_sandbox_error() -> None:
-    from conftest import free_port
+    from reward_support import free_port
 
     result = score_command(
         "code",

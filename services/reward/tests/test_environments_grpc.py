@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from cases import ALL_CASES, Case
-from conftest import score_request
+from reward_support import score_request
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.types import FailureKind
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 from cases import ALL_CASES, Case
-from conftest import RewardServer, nemo_request, nemo_response
+from reward_support import RewardServer, nemo_request, nemo_response
 
 
 @pytest.fixture(scope="module")

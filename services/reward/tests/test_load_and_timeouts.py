@@ -15,8 +15,8 @@ import aiohttp
 import grpc
 import httpx
 import pytest
-from conftest import RewardServer, score_request, start_reward_server, stop_reward_server
 from grpc import aio
+from reward_support import RewardServer, score_request, start_reward_server, stop_reward_server
 from rlfleet_core.client import check_health
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.types import FailureKind

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import free_port
+from reward_support import free_port
 from rlfleet_reward.sandbox_client import ExecStatus, GrpcSandboxClient, SandboxUnavailable
 
 
