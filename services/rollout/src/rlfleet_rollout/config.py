@@ -51,6 +51,11 @@ class RolloutServiceConfig(ServiceConfig):
     actor and requests are balanced to the least-loaded one."""
     ray_num_cpus: int | None = Field(None, ge=1)
     """CPUs given to a local Ray started by the service (replicas > 1); None = Ray's default."""
+    ray_start_timeout_s: float = Field(300.0, gt=0)
+    """Deadline for Ray to start and every replica to load its model (replicas > 1): past
+    it the service fails to start with a message naming the replicas still loading."""
+    ray_call_timeout_s: float = Field(60.0, gt=0)
+    """Deadline for short replica calls (status, pause, resume, abort, stop)."""
     in_flight_weight_updates: bool = True
     """Update weights while requests are in flight: pause only new starts, keep running
     requests' KV cache, resume after. False = drain in-flight requests first (NeMo-RL's

@@ -27,7 +27,14 @@ from typing import Any
 
 import torch
 from rlfleet_core.errors import InvalidArgument
-from rlfleet_core.weights import GroupSpec, WeightGroup, receive_weights, receive_weights_into
+from rlfleet_core.weights import (
+    GroupSpec,
+    WeightGroup,
+    copy_into,
+    home_buckets,
+    receive_weights,
+    receive_weights_into,
+)
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import check_newer, resolve_dtype
@@ -89,6 +96,7 @@ class HfEngine:
         self._inflight = InFlight()
         self._meter = ThroughputMeter()
         self._group: WeightGroup | None = None
+        self._homed_plan: Any = None
         self._thread: threading.Thread | None = None
         self.model: Any = None
         self.tokenizer: Any = None
@@ -307,16 +315,35 @@ class HfEngine:
         return self._group
 
     def _receive_into_model(self, plan: Any, version: int, recompute: bool) -> tuple[int, float]:
-        """Receive straight into the parameters (one-tensor buckets land in place, packed
-        ones are copied out while the next bucket is in flight): no staging copy of the
-        model. Decoding waits for the model lock during the transfer, as vLLM's engine
-        does during its collective_rpc."""
+        """Receive straight into the parameters: no staging copy of the model. The first
+        update with a plan moves each packed bucket's parameters into one flat buffer laid
+        out as the bucket (`home_buckets`), so from then on every bucket, packed or not,
+        lands in place and nothing is copied after the transfer. Decoding waits for the
+        model lock during the transfer, as vLLM's engine does during its collective_rpc."""
         group = self._require_group()
+        t0 = time.perf_counter()
         with self._model_lock:
+            t1 = time.perf_counter()
+            homed = 0
+            if plan != self._homed_plan:
+                homed = home_buckets(plan, self._targets)
+                self._homed_plan = plan
+            t2 = time.perf_counter()
             nbytes, copy_s = receive_weights_into(group, plan, self._targets)
+            t3 = time.perf_counter()
             self._version = version
             self._recompute = self._recompute or recompute
-        return nbytes, copy_s
+        logger.debug(
+            "weights v%d: lock wait %.1f ms, home %.1f ms (%d buckets), receive %.1f ms "
+            "(copy-out %.1f ms)",
+            version,
+            (t1 - t0) * 1e3,
+            (t2 - t1) * 1e3,
+            homed,
+            (t3 - t2) * 1e3,
+            copy_s * 1e3,
+        )
+        return nbytes, copy_s + (t2 - t1)
 
     def _drain(self, plan: Any) -> None:
         """Consume a refused update's broadcasts so the sender does not hang."""
@@ -334,7 +361,7 @@ class HfEngine:
         with self._model_lock, torch.no_grad():
             for name, value in tensors:
                 t0 = time.perf_counter()
-                self._targets[name].copy_(value)
+                copy_into(self._targets[name], value)
                 copy_s += time.perf_counter() - t0
                 nbytes += value.numel() * value.element_size()
             self._version = version

