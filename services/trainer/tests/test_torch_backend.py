@@ -142,3 +142,63 @@ def test_fsdp2_world_size_one_matches_plain(tiny_model: Path) -> None:
             torch.testing.assert_close(full[name], tensor, atol=1e-6, rtol=0)
     finally:
         dist.destroy_process_group()
+
+
+def test_checkpoint_of_tied_embeddings(tiny_model: Path, tmp_path: Path) -> None:
+    """SmolLM2 ties its LM head to the embeddings (shared storage, which safetensors
+    refuses): save, load and export must still work and keep the tie."""
+    from transformers import AutoConfig
+
+    tied = tmp_path / "tied"
+    config = AutoConfig.from_pretrained(tiny_model)
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tied)
+    for item in tiny_model.iterdir():
+        if item.name.startswith("tokenizer") or item.name == "special_tokens_map.json":
+            (tied / item.name).write_bytes(item.read_bytes())
+    _, batch = _batch()
+    policy = _policy(tied)
+    assert (
+        policy.model.lm_head.weight.data_ptr() == policy.model.model.embed_tokens.weight.data_ptr()
+    )
+    policy.train_step(batch, LOSS)
+    (tmp_path / "ckpt").mkdir()
+    policy.save(tmp_path / "ckpt")
+    saved = {k: v.clone() for k, v in policy.hf_state_dict()}
+    policy.train_step(batch, LOSS)
+    policy.load(tmp_path / "ckpt")
+    for name, tensor in policy.hf_state_dict():
+        torch.testing.assert_close(tensor, saved[name])
+    assert (
+        policy.model.lm_head.weight.data_ptr() == policy.model.model.embed_tokens.weight.data_ptr()
+    )
+    policy.export_hf(tmp_path / "hf")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    torch.testing.assert_close(loaded.lm_head.weight, saved["model.embed_tokens.weight"])
+
+
+def test_train_top_layers_freezes_the_rest(tiny_model: Path) -> None:
+    _, batch = _batch()
+    policy = _policy(tiny_model, train_top_layers=1)
+    before = {k: v.clone() for k, v in policy.hf_state_dict()}
+    policy.train_step(batch, LOSS)
+    after = dict(policy.hf_state_dict())
+    top = len(policy.model.model.layers) - 1
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed, "nothing trained"
+    assert all(k.startswith((f"model.layers.{top}.", "model.norm.")) for k in changed), changed
+    with pytest.raises(ValueError, match="train_top_layers=99: the model has"):
+        _policy(tiny_model, train_top_layers=99)
+
+
+def test_logits_only_from_the_first_response_position(tiny_model: Path) -> None:
+    """Skipping the LM head on prompt positions changes nothing the loss sees."""
+    _, batch = _batch()
+    policy = _policy(tiny_model)
+    assert batch.response_start > 0
+    fast = policy.logprobs(batch)
+    batch.response_start = 0
+    full = policy.logprobs(batch)
+    mask = batch.mask_NT > 0
+    torch.testing.assert_close(fast[mask], full[mask], rtol=1e-5, atol=1e-5)

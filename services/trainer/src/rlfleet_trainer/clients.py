@@ -131,8 +131,12 @@ class RolloutClient:
         await self.stub.Resume(rollout_pb2.ResumeRequest())
 
     async def weight_version(self) -> int:
+        return (await self.served())[0]
+
+    async def served(self) -> tuple[int, str]:
+        """(weight version, model name or path) the rollout service serves now."""
         status = await self.stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30.0)
-        return int(status.weight_version)
+        return int(status.weight_version), str(status.model)
 
     async def publish_stream(
         self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]

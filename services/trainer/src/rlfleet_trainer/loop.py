@@ -96,6 +96,9 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
     collector.auto_fill_limit = limit if g.async_enabled else None
     metrics_file = (ctx.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
     empty_steps = 0
+    if g.val_at_start and "before" not in read_heldout(ctx.run_dir):
+        ctx.status["phase"] = "validating"
+        write_heldout(ctx.run_dir, "before", await validate(ctx))
     try:
         while state.step < g.max_num_steps:
             started = time.monotonic()
@@ -139,7 +142,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
                 "weight_version": float(state.weight_version),
             }
             if g.val_every_steps and state.step % g.val_every_steps == 0:
-                metrics["val/reward"] = await validate(ctx)
+                metrics.update({f"val/{k}": v for k, v in (await validate(ctx)).items()})
             log_step(metrics_file, state, metrics, ctx)
             if checkpoint_due(recipe, state.step) or ctx.checkpoint_requests:
                 ctx.status["phase"] = "checkpointing"
@@ -149,6 +152,9 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
         await collector.shutdown(state.step)
         state.ledger_bytes = ledger_step(ledger, collector, [], state)
         state.data_cursor = ctx.source.cursor
+        if g.val_at_end:
+            ctx.status["phase"] = "validating"
+            write_heldout(ctx.run_dir, "after", await validate(ctx))
         ctx.status["phase"] = "idle"
         return state
     finally:
@@ -178,7 +184,8 @@ def build_collector(ctx: RunContext) -> Collector:
 async def restore_or_start(
     ctx: RunContext, ledger: Ledger, collector: Collector, resume: bool
 ) -> TrainerState:
-    """Fresh: state 0 (the rollout already serves the initial weights at version 0).
+    """Fresh: state 0 (publishing the starting weights first unless the rollout already
+    serves them at version 0).
     Resume: restore the latest checkpoint, cut the ledger back to it, re-issue its
     in-flight prompts, and publish the restored weights under a version newer than any
     the rollout has seen; buffered groups are re-based by the same offset so their lag
@@ -188,9 +195,11 @@ async def restore_or_start(
         if resume:
             logger.info("no checkpoint in %s: starting fresh", ctx.checkpoint_dir)
         ledger.truncate(0)
-        served = await ctx.rollout.weight_version()
+        served, served_model = await ctx.rollout.served()
         state = TrainerState()
-        if served != 0:
+        if served != 0 or not same_weights(served_model, ctx.recipe.policy.model):
+            # The rollout serves other weights (an earlier stage's, or another model):
+            # publish ours before the first sample is drawn.
             state.weight_version = served + 1
             await publish_weights(ctx, state.weight_version)
         return state
@@ -206,6 +215,16 @@ async def restore_or_start(
     await publish_weights(ctx, new_version)
     logger.info("resumed from %s at step %d (weight version %d)", path, state.step, new_version)
     return state
+
+
+def same_weights(served_model: str, policy_model: str) -> bool:
+    """Whether the rollout's initial model is the policy's starting model."""
+    from rlfleet_core.models import resolve_model
+
+    try:
+        return resolve_model(served_model).resolve() == resolve_model(policy_model).resolve()
+    except Exception:  # a served name we cannot resolve here: assume it differs
+        return False
 
 
 async def gather_groups(
@@ -319,26 +338,57 @@ def write_checkpoint(
     )
 
 
-async def validate(ctx: RunContext) -> float:
-    """Mean greedy reward over the first num_val_prompts held-out prompts."""
+async def validate(ctx: RunContext) -> dict[str, float]:
+    """Reward over the first num_val_prompts held-out prompts (val_samples_per_prompt
+    samples each at val_temperature): `reward` (the mean) and `reward/<env>`; empty
+    without held-out data."""
     if ctx.val_source is None:
-        return float("nan")
-    greedy = Sampling(
-        temperature=0.0, top_p=1.0, top_k=0, max_tokens=ctx.recipe.generation.max_new_tokens
+        return {}
+    val_source, g = ctx.val_source, ctx.recipe.grpo
+    sampling = Sampling(
+        temperature=g.val_temperature,
+        top_p=ctx.recipe.generation.top_p if g.val_temperature > 0 else 1.0,
+        top_k=ctx.recipe.generation.top_k if g.val_temperature > 0 else 0,
+        max_tokens=ctx.recipe.generation.max_new_tokens,
     )
-    count = min(ctx.recipe.grpo.num_val_prompts, len(ctx.val_source.rows))
+    count = min(g.num_val_prompts, len(val_source.rows))
 
-    async def one(index: int) -> float:
-        prompt = ctx.val_source.prompt_at(index)  # type: ignore[union-attr]
-        (result,) = await ctx.rollout.generate(f"val-{index}", prompt.token_ids, 1, greedy)
-        text = ctx.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
-        (score,) = await ctx.reward.score_group(
-            f"val-{index}", prompt.env, prompt.row_json, [text], [len(result.token_ids)]
+    async def one(index: int) -> tuple[str, float]:
+        prompt = val_source.prompt_at(index)
+        results = await ctx.rollout.generate(
+            f"val-{index}", prompt.token_ids, g.val_samples_per_prompt, sampling
         )
-        return score.reward
+        texts = [ctx.tokenizer.decode(list(r.token_ids), skip_special_tokens=True) for r in results]
+        scores = await ctx.reward.score_group(
+            f"val-{index}",
+            prompt.env,
+            prompt.row_json,
+            texts,
+            [len(r.token_ids) for r in results],
+        )
+        return prompt.env, sum(s.reward for s in scores) / len(scores)
 
-    rewards = await asyncio.gather(*(one(i) for i in range(count)))
-    return sum(rewards) / max(len(rewards), 1)
+    results = await asyncio.gather(*(one(i) for i in range(count)))
+    by_env: dict[str, list[float]] = {}
+    for env, reward in results:
+        by_env.setdefault(env, []).append(reward)
+    summary = {"reward": sum(r for _, r in results) / max(len(results), 1)}
+    summary.update({f"reward/{env}": sum(v) / len(v) for env, v in sorted(by_env.items())})
+    return summary
+
+
+def read_heldout(run_dir: Path) -> dict[str, dict[str, float]]:
+    path = run_dir / "heldout.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_heldout(run_dir: Path, when: str, result: dict[str, float]) -> None:
+    """heldout.json = {"before": {...}, "after": {...}}, replaced atomically."""
+    data = {**read_heldout(run_dir), when: result}
+    tmp = run_dir / "heldout.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(run_dir / "heldout.json")
+    logger.info("held-out reward %s: %.3f", when, result.get("reward", float("nan")))
 
 
 def log_step(file: Any, state: TrainerState, metrics: dict[str, float], ctx: RunContext) -> None:

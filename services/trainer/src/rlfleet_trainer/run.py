@@ -57,6 +57,7 @@ def build_backend(recipe: RecipeConfig, model_path: Path) -> PolicyBackend:
                 temperature=logprob_temperature(recipe),
                 keep_reference=recipe.grpo.kl_coef > 0,
                 activation_checkpointing=p.activation_checkpointing,
+                train_top_layers=p.train_top_layers,
             )
         )
     if p.backend == "megatron":

@@ -38,6 +38,7 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(self, model_path: Path, seed: int = 0, delay_per_token_s: float = 0.0) -> None:
         from transformers import AutoModelForCausalLM
 
+        self.model_path = model_path
         self.model = AutoModelForCausalLM.from_pretrained(model_path)
         self.model.eval()  # type: ignore[no-untyped-call]
         self.eos_ids = {int(self.model.config.eos_token_id)}
@@ -176,7 +177,10 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.GetStatusRequest, context: aio.ServicerContext[Any, Any]
     ) -> rollout_pb2.RolloutStatus:
         return rollout_pb2.RolloutStatus(
-            weight_version=self.version, engine="double", tokens_generated=self.tokens_generated
+            weight_version=self.version,
+            engine="double",
+            model=str(self.model_path),
+            tokens_generated=self.tokens_generated,
         )
 
     async def Pause(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:

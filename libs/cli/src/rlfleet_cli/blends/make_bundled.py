@@ -23,8 +23,27 @@ EASY_ARITHMETIC: dict[str, object] = {
 }
 
 
+ADDITION: dict[str, object] = {
+    **EASY_ARITHMETIC,
+    "operators": ["+"],
+    "allow_negation": False,
+    "allow_parentheses": False,
+}
+MIXED_ARITHMETIC: dict[str, object] = {**EASY_ARITHMETIC, "operators": ["+", "-", "*"]}
+BRIEF = " Reply with only the answer."
+# A short system message: SmolLM2's chat template otherwise adds a 20-token default one,
+# and prompt tokens are most of what a CPU step trains on.
+TERSE = "Be brief."
+
+
 def reasoning_gym(
-    task: str, n: int, seed: int, config: dict[str, object] | None = None
+    task: str,
+    n: int,
+    seed: int,
+    config: dict[str, object] | None = None,
+    score_with: str = "reasoning_gym",
+    suffix: str = "",
+    system: str = "",
 ) -> list[dict[str, object]]:
     spec = {
         "source": "reasoning_gym",
@@ -32,10 +51,12 @@ def reasoning_gym(
         "seed": seed,
         "size": n,
         **({"config": config} if config else {}),
+        **({"score_with": score_with} if score_with != "reasoning_gym" else {}),
+        **({"suffix": suffix} if suffix else {}),
+        **({"system": system} if system else {}),
     }
     return [
-        {"_placeholder": {**spec, "index": i}, "agent_ref": {"name": "reasoning_gym"}}
-        for i in range(n)
+        {"_placeholder": {**spec, "index": i}, "agent_ref": {"name": score_with}} for i in range(n)
     ]
 
 
@@ -47,6 +68,19 @@ def indexed(source: str, env: str, indices: range) -> list[dict[str, object]]:
 
 
 BLENDS: dict[str, list[dict[str, object]]] = {
+    # The tiny pipeline (`rlfleet run`): one blend per RLVR stage, each learnable by
+    # SmolLM2-135M on 2 CPU cores in a few minutes.
+    "tiny-rlvr1": reasoning_gym("basic_arithmetic", 300, 11, ADDITION, "math", BRIEF, TERSE),
+    "tiny-rlvr2": [
+        *reasoning_gym("basic_arithmetic", 200, 12, MIXED_ARITHMETIC, "math", BRIEF, TERSE),
+        *reasoning_gym(
+            "leg_counting", 100, 13, {"min_animals": 1, "max_animals": 2}, "math", BRIEF, TERSE
+        ),
+    ],
+    "tiny-rlvr3": [
+        *reasoning_gym("spell_backward", 150, 14, {"max_word_len": 5}, suffix=BRIEF, system=TERSE),
+        *reasoning_gym("basic_arithmetic", 150, 15, ADDITION, suffix=BRIEF, system=TERSE),
+    ],
     "tiny-mix": [
         *reasoning_gym("basic_arithmetic", 150, seed=1, config=EASY_ARITHMETIC),
         *reasoning_gym("leg_counting", 50, seed=2),

@@ -38,7 +38,12 @@ class LocalProfile(ConfigModel):
 class ComposeProfile(ConfigModel):
     launcher: Literal["compose"] = "compose"
     compose_file: str = "deploy/compose/compose.yaml"
+    """Relative paths are taken from the current folder (the default, when not found
+    there, from the rlfleet checkout this CLI runs from)."""
     project_name: str = "rlfleet"
+    """`docker compose -p`: containers, network and `down` are per project."""
+    wait_timeout_s: int = Field(600, ge=10)
+    """How long `up --wait` may take for every service to turn healthy."""
 
 
 class NodeCounts(ConfigModel):

@@ -52,6 +52,8 @@ class TorchBackendConfig:
     fsdp: bool | None = None
     """Shard with FSDP2; None = when the default process group has more than one rank."""
     activation_checkpointing: bool = False
+    train_top_layers: int | None = None
+    """Train only the top N decoder layers + final norm (the rest frozen); None = all."""
     device: str | None = None
     """None = cuda if available (this rank's GPU) else cpu."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -100,12 +102,14 @@ class TorchPolicy:
             self.reference = copy.deepcopy(self.model)
             self.reference.eval()  # type: ignore[no-untyped-call]
             self.reference.requires_grad_(False)
+        if config.train_top_layers is not None:
+            freeze_below_top_layers(self.model, config.train_top_layers)
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.fsdp_enabled = config.fsdp if config.fsdp is not None else self.world_size > 1
         if self.fsdp_enabled:
             apply_fsdp(self.model)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
             betas=config.betas,
             eps=config.eps,
@@ -121,17 +125,26 @@ class TorchPolicy:
     def _forward(
         self, model: torch.nn.Module, batch: TrainBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs and entropies N×T; the LM head runs only from the first response
+        position on (`logits_to_keep`): prompt positions are never scored, and the head
+        is a fifth of a small model's FLOPs. Positions before it are 0."""
         input_ids_NL = batch.input_ids_NL.to(self.device)
         attention_mask_NL = batch.attention_mask_NL.to(self.device)
+        start = max(0, batch.response_start)
+        keep = input_ids_NL.shape[1] - start
         with torch.autocast(
             self.device.type,
             dtype=self.autocast_dtype or torch.float32,
             enabled=self.autocast_dtype is not None,
         ):
-            logits_NLV = model(input_ids=input_ids_NL, attention_mask=attention_mask_NL).logits
-        return token_logprobs_and_entropy(
-            logits_NLV[:, :-1], input_ids_NL[:, 1:], self.config.temperature
+            logits_NKV = model(
+                input_ids=input_ids_NL, attention_mask=attention_mask_NL, logits_to_keep=keep
+            ).logits
+        logprobs_NK, entropy_NK = token_logprobs_and_entropy(
+            logits_NKV[:, :-1], input_ids_NL[:, start + 1 :], self.config.temperature
         )
+        pad = (start, 0)
+        return torch.nn.functional.pad(logprobs_NK, pad), torch.nn.functional.pad(entropy_NK, pad)
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> torch.Tensor:
@@ -208,10 +221,7 @@ class TorchPolicy:
             yield name, tensor.detach().cpu()
 
     def save(self, path: Path) -> None:
-        save_file(
-            {name: t.contiguous() for name, t in self.hf_state_dict()},
-            str(path / "model.safetensors"),
-        )
+        save_file(unshared(dict(self.hf_state_dict())), str(path / "model.safetensors"))
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
             path / "optimizer.pt",
@@ -242,9 +252,36 @@ def export_hf_folder(state_dict: dict[str, torch.Tensor], source_model: Path, pa
             and (item.name != "model.safetensors.index.json")
         ):
             shutil.copy2(item, path / item.name)
-    # Tied embeddings share storage; safetensors refuses shared tensors, so clone.
-    tensors = {name: t.detach().cpu().clone().contiguous() for name, t in state_dict.items()}
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_file(unshared(state_dict), str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors safetensors can write: tied weights (SmolLM2's embeddings and LM head share
+    storage) are cloned, since safetensors refuses tensors that share memory."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu()
+        ptr = tensor.untyped_storage().data_ptr()
+        out[name] = tensor.clone().contiguous() if ptr in seen else tensor.contiguous()
+        seen.add(ptr)
+    return out
+
+
+def freeze_below_top_layers(model: torch.nn.Module, top: int) -> None:
+    """requires_grad only on the top `top` decoder layers and the final norm."""
+    inner: Any = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if inner is None or layers is None or not hasattr(inner, "norm"):
+        raise ValueError(
+            f"policy.train_top_layers: {type(model).__name__} has no .model.layers/.model.norm"
+        )
+    if not 1 <= top <= len(layers):
+        raise ValueError(f"policy.train_top_layers={top}: the model has {len(layers)} layers")
+    model.requires_grad_(False)
+    for layer in list(layers)[-top:]:
+        layer.requires_grad_(True)
+    inner.norm.requires_grad_(True)
 
 
 def apply_fsdp(model: torch.nn.Module) -> None:

@@ -1,0 +1,185 @@
+"""`rlfleet rl <stage> --run compose`: the stage's services as containers of
+deploy/compose/compose.yaml, the trainer as a process on this host.
+
+    docker compose -f <compose_file> -p <project> up -d --wait sandbox reward rollout
+    python -m rlfleet_trainer run -c <run>/recipe.yaml --run-dir <run> \\
+        services.rollout=127.0.0.1:<published> services.reward=127.0.0.1:<published> \\
+        services.weight_transport=grpc_stream
+    docker compose -f <compose_file> -p <project> down      (unless --keep-up)
+
+Why the trainer is not a container: it then needs no image of its own (the trainer image
+is torch again, minutes to build), it reads the recipe's data and writes its run folder
+on this host's filesystem without volume mounts, and it reaches the services through the
+ports compose publishes on 127.0.0.1. Weights go to the rollout container over gRPC
+(StreamWeights): a gloo/NCCL broadcast would need the container to connect back to the
+host, and `shared_file` a folder both can see, so the recipe's weight transport is
+replaced by `grpc_stream` here.
+
+The rollout container serves `policy.model`, which must be a bundled name (`tiny`,
+`smollm2-135m-instruct`: built offline inside the container, identical to the trainer's
+copy); a host folder is not visible in the container.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROLLOUT_ENGINE_VAR = "ROLLOUT_ENGINE"
+ROLLOUT_MODEL_VAR = "ROLLOUT_MODEL"
+"""compose.yaml passes these to the rollout service as `engine=` and `model=`."""
+GRPC_PORT = 50051
+"""Every image serves gRPC on this container port (compose.yaml publishes it)."""
+
+
+class ComposeError(RuntimeError):
+    """A problem with Docker, compose or the images; the message says how to fix it."""
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+@dataclass
+class ComposeStack:
+    """One compose project: `docker compose -f <file> -p <project> ...` with `env`."""
+
+    compose_file: Path
+    project: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def command(self, *args: str) -> list[str]:
+        return ["docker", "compose", "-f", str(self.compose_file), "-p", self.project, *args]
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                self.command(*args),
+                env=dict(self.env),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise ComposeError(
+                f"`{' '.join(self.command(*args))}` did not finish within {timeout:.0f} s"
+            ) from None
+
+    # --- checks before anything starts --------------------------------------------------
+
+    def check_docker(self) -> None:
+        """Docker CLI, a daemon that answers, and the compose v2 plugin."""
+        if shutil.which("docker") is None:
+            raise ComposeError(
+                "no `docker` CLI on PATH: install Docker (apt-get install docker.io) and the "
+                "compose plugin (deploy/compose/install-compose.sh); see docs/containers.md"
+            )
+        try:
+            info = subprocess.run(
+                ["docker", "info", "--format", "{{.ServerVersion}}"],
+                env=dict(self.env),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+        except subprocess.TimeoutExpired:
+            raise ComposeError(
+                "the Docker engine did not answer `docker info` within 30 s; check dockerd"
+            ) from None
+        if info.returncode != 0:
+            reason = _last_line(info.stderr or info.stdout)
+            raise ComposeError(
+                f"no Docker engine answers ({reason}); start one: "
+                "`dockerd --ip 127.0.0.1 >/tmp/dockerd.log 2>&1 &` (docs/containers.md)"
+            )
+        version = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, text=True, timeout=30
+        )
+        if version.returncode != 0:
+            raise ComposeError(
+                "the Docker Compose v2 plugin is missing (`docker compose version` failed); "
+                "install it with deploy/compose/install-compose.sh"
+            )
+        if not self.compose_file.is_file():
+            raise ComposeError(
+                f"compose file {self.compose_file} not found; run from the rlfleet checkout "
+                "or set compose_file in the env.toml [compose] profile"
+            )
+
+    def images(self, services: Sequence[str]) -> dict[str, str]:
+        """service -> image, as compose resolves compose.yaml (variables substituted)."""
+        config = self.run("config", "--format", "json")
+        if config.returncode != 0:
+            raise ComposeError(
+                f"{self.compose_file} is not a valid compose file: {_last_line(config.stderr)}"
+            )
+        defined = json.loads(config.stdout).get("services", {})
+        unknown = [s for s in services if s not in defined]
+        if unknown:
+            raise ComposeError(
+                f"{self.compose_file} defines no service {', '.join(unknown)} "
+                f"(it has {', '.join(sorted(defined))})"
+            )
+        return {s: str(defined[s].get("image", "")) for s in services}
+
+    def check_images(self, services: Sequence[str]) -> None:
+        missing = []
+        for service, image in self.images(services).items():
+            found = subprocess.run(
+                ["docker", "image", "inspect", image], capture_output=True, timeout=60
+            )
+            if found.returncode != 0:
+                missing.append((service, image))
+        if missing:
+            names = " ".join(service for service, _ in missing)
+            images = ", ".join(image for _, image in missing)
+            raise ComposeError(
+                f"image(s) {images} not found; build them with "
+                f"`deploy/docker/build-images.sh {names}`"
+            )
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def up(self, services: Sequence[str], wait_timeout_s: float) -> None:
+        timeout = f"{wait_timeout_s:.0f}"
+        started = self.run(
+            "up", "-d", "--wait", "--wait-timeout", timeout, *services, timeout=wait_timeout_s + 120
+        )
+        if started.returncode != 0:
+            logs = self.run("logs", "--no-color", "--tail", "20", *services).stdout
+            raise ComposeError(
+                f"`docker compose up` failed (exit {started.returncode}): "
+                f"{started.stderr.strip()[-1500:]}\n--- last log lines ---\n{logs.strip()[-3000:]}"
+            )
+
+    def target(self, service: str) -> str:
+        """host:port of the service's published gRPC port."""
+        found = self.run("port", service, str(GRPC_PORT))
+        address = found.stdout.strip().splitlines()[0] if found.stdout.strip() else ""
+        if found.returncode != 0 or ":" not in address:
+            raise ComposeError(
+                f"{service} publishes no port for {GRPC_PORT}: {_last_line(found.stderr)}"
+            )
+        host, port = address.rsplit(":", 1)
+        if host in ("0.0.0.0", "::", "[::]"):
+            host = "127.0.0.1"
+        return f"{host}:{port}"
+
+    def save_logs(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        logs = self.run("logs", "--no-color", "--timestamps", timeout=120)
+        path.write_text(logs.stdout + logs.stderr)
+
+    def down(self) -> None:
+        stopped = self.run("down", "--timeout", "10", "--remove-orphans", timeout=180)
+        if stopped.returncode != 0:
+            raise ComposeError(
+                f"`docker compose down` failed: {_last_line(stopped.stderr)}; "
+                f"remove the project by hand: {' '.join(self.command('down'))}"
+            )
