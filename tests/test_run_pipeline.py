@@ -65,6 +65,7 @@ def _ledger_counts(stage_dir: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # three CPU stages and a resume: minutes, not seconds
 def test_run_interrupt_and_resume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     first = subprocess.Popen(

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 def test_new_run_writes_its_spec_and_refuses_to_overwrite(tmp_path: Path) -> None:
     spec = RunSpec(engine="hf", overrides=["grpo.lr=1e-5"])
-    assert start_run(tmp_path / "run", spec, resume=False) == spec
+    assert start_run(tmp_path / "run", spec, resume=False) == (spec, TINY)
     assert json.loads((tmp_path / "run" / "run.json").read_text())["engine"] == "hf"
     with pytest.raises(PipelineError, match=r"already holds a run; continue it with .*--resume"):
         start_run(tmp_path / "run", spec, resume=False)
@@ -32,9 +32,8 @@ def test_new_run_writes_its_spec_and_refuses_to_overwrite(tmp_path: Path) -> Non
 
 def test_resume_repeats_the_stored_spec(tmp_path: Path) -> None:
     start_run(tmp_path, RunSpec(engine="hf", overrides=["grpo.lr=1e-5"]), resume=False)
-    assert start_run(tmp_path, RunSpec(), resume=True) == RunSpec(
-        engine="hf", overrides=["grpo.lr=1e-5"]
-    )
+    spec, pipeline = start_run(tmp_path, RunSpec(), resume=True)
+    assert spec == RunSpec(engine="hf", overrides=["grpo.lr=1e-5"]) and pipeline == TINY
     with pytest.raises(PipelineError, match="continues the run as it was started"):
         start_run(tmp_path, RunSpec(overrides=["grpo.lr=1"]), resume=True)
 
@@ -42,6 +41,19 @@ def test_resume_repeats_the_stored_spec(tmp_path: Path) -> None:
 def test_resume_without_a_run_says_how_to_start_one(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match=r"holds no run .* start one with `rlfleet run"):
         start_run(tmp_path / "empty", RunSpec(), resume=True)
+
+
+def test_bad_override_fails_before_anything_is_written(tmp_path: Path) -> None:
+    from rlfleet_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"grpo\.lr: expected a number"):
+        start_run(tmp_path / "run", RunSpec(overrides=["grpo.lr=abc"]), resume=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_replaces_the_pipeline_model(tmp_path: Path) -> None:
+    _, pipeline = start_run(tmp_path, RunSpec(model="tiny"), resume=False)
+    assert pipeline.model == "tiny" and pipeline.stages == TINY.stages
 
 
 def test_unknown_pipeline(tmp_path: Path) -> None:

@@ -102,8 +102,11 @@ class StageProgress:
 Progress = Callable[[StageProgress], None]
 
 
-def start_run(out: Path, spec: RunSpec, resume: bool) -> RunSpec:
-    """Check the run folder against --resume; return the spec to run."""
+def start_run(
+    out: Path, spec: RunSpec, resume: bool, pipeline: Pipeline | None = None
+) -> tuple[RunSpec, Pipeline]:
+    """Check the run folder against --resume and the overrides against every stage's
+    recipe (before anything is written); return the spec to run and its pipeline."""
     run_file = out / "run.json"
     if resume:
         if not run_file.exists():
@@ -120,27 +123,40 @@ def start_run(out: Path, spec: RunSpec, resume: bool) -> RunSpec:
                 f"overrides {stored.overrides}); drop --model and the overrides or start a "
                 "new run with --out"
             )
-        return stored
+        return stored, pipeline_of(stored, pipeline)
     if run_file.exists():
         raise PipelineError(
             f"{out} already holds a run; continue it with `rlfleet run --resume --out {out}` "
             "or choose another folder with --out"
         )
-    if spec.pipeline not in PIPELINES:
-        raise PipelineError(f"pipeline {spec.pipeline!r}: known: {', '.join(PIPELINES)}")
+    chosen = pipeline_of(spec, pipeline)
+    for index, stage in enumerate(chosen.stages):  # a bad override fails here, not later
+        stage_recipe(chosen, index, out, data_dir(out, stage), spec.overrides)
     out.mkdir(parents=True, exist_ok=True)
     run_file.write_text(json.dumps(asdict(spec), indent=2) + "\n")
-    return spec
+    return spec, chosen
+
+
+def pipeline_of(spec: RunSpec, pipeline: Pipeline | None = None) -> Pipeline:
+    if pipeline is None:
+        if spec.pipeline not in PIPELINES:
+            raise PipelineError(f"pipeline {spec.pipeline!r}: known: {', '.join(PIPELINES)}")
+        pipeline = PIPELINES[spec.pipeline]
+    return replace(pipeline, model=spec.model) if spec.model else pipeline
+
+
+def data_dir(out: Path, stage: PipelineStage) -> Path:
+    """Where the stage's blend is prepared: <out>/data/<blend name>."""
+    return out / "data" / (Path(stage.blend).stem if Path(stage.blend).exists() else stage.blend)
 
 
 def prepare_data(pipeline: Pipeline, out: Path) -> dict[str, Path]:
     """Each stage's blend prepared once under <out>/data (kept across --resume)."""
     prepared: dict[str, Path] = {}
     for stage in pipeline.stages:
-        options = PrepOptions(out=out / "data", val_rows=pipeline.val_rows)
-        name = Path(stage.blend).stem if Path(stage.blend).exists() else stage.blend
-        target = out / "data" / name
+        target = data_dir(out, stage)
         if not (target / "manifest.json").exists():
+            options = PrepOptions(out=out / "data", val_rows=pipeline.val_rows, force=True)
             try:
                 target, _ = prepare_rl(stage.blend, options)
             except DataError as exc:
@@ -300,10 +316,7 @@ def run_pipeline(
 ) -> Path:
     """Run (or continue) the pipeline in `out` (`spec.pipeline`, unless `pipeline` is
     given); returns the report's path."""
-    spec = start_run(out, spec, resume)
-    pipeline = pipeline or PIPELINES[spec.pipeline]
-    if spec.model:
-        pipeline = replace(pipeline, model=spec.model)
+    spec, pipeline = start_run(out, spec, resume, pipeline)
     data = prepare_data(pipeline, out)
     recipes = [
         stage_recipe(pipeline, i, out, data[s.name], spec.overrides)

@@ -38,9 +38,19 @@ def run_main(argv: Sequence[str]) -> int:
             print(f"rlfleet-trainer run: config error: {line}", file=sys.stderr)
         return 2
     setup_logging("trainer")
+    from rlfleet_core.models import ModelNotFound
+
     from rlfleet_trainer.run import run_stage
 
-    state = asyncio.run(run_stage(recipe, args.run_dir, resume=args.resume))
+    try:
+        state = asyncio.run(run_stage(recipe, args.run_dir, resume=args.resume))
+    except (ValueError, FileNotFoundError, ModelNotFound) as exc:
+        # Bad settings or inputs found while building the stage: one line, not a traceback.
+        print(f"rlfleet-trainer run: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rlfleet-trainer run: interrupted; continue with --resume", file=sys.stderr)
+        return 130
     print(f"trained {state.step} steps; weight version {state.weight_version}")
     return 0
 

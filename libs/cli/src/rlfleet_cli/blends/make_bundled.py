@@ -29,7 +29,7 @@ ADDITION: dict[str, object] = {
     "allow_negation": False,
     "allow_parentheses": False,
 }
-MIXED_ARITHMETIC: dict[str, object] = {**EASY_ARITHMETIC, "operators": ["+", "-", "*"]}
+MINUS_TIMES: dict[str, object] = {**ADDITION, "operators": ["-", "*"]}
 BRIEF = " Reply with only the answer."
 # A short system message: SmolLM2's chat template otherwise adds a 20-token default one,
 # and prompt tokens are most of what a CPU step trains on.
@@ -71,12 +71,7 @@ BLENDS: dict[str, list[dict[str, object]]] = {
     # The tiny pipeline (`rlfleet run`): one blend per RLVR stage, each learnable by
     # SmolLM2-135M on 2 CPU cores in a few minutes.
     "tiny-rlvr1": reasoning_gym("basic_arithmetic", 300, 11, ADDITION, "math", BRIEF, TERSE),
-    "tiny-rlvr2": [
-        *reasoning_gym("basic_arithmetic", 200, 12, MIXED_ARITHMETIC, "math", BRIEF, TERSE),
-        *reasoning_gym(
-            "leg_counting", 100, 13, {"min_animals": 1, "max_animals": 2}, "math", BRIEF, TERSE
-        ),
-    ],
+    "tiny-rlvr2": reasoning_gym("basic_arithmetic", 300, 12, MINUS_TIMES, "math", BRIEF, TERSE),
     "tiny-rlvr3": [
         *reasoning_gym("spell_backward", 150, 14, {"max_word_len": 5}, suffix=BRIEF, system=TERSE),
         *reasoning_gym("basic_arithmetic", 150, 15, ADDITION, suffix=BRIEF, system=TERSE),

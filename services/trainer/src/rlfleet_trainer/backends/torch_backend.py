@@ -269,15 +269,16 @@ def unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def freeze_below_top_layers(model: torch.nn.Module, top: int) -> None:
-    """requires_grad only on the top `top` decoder layers and the final norm."""
+    """requires_grad only on the top `top` decoder layers (all of them if the model has
+    fewer) and the final norm; embeddings and LM head stay frozen."""
     inner: Any = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if inner is None or layers is None or not hasattr(inner, "norm"):
         raise ValueError(
             f"policy.train_top_layers: {type(model).__name__} has no .model.layers/.model.norm"
         )
-    if not 1 <= top <= len(layers):
-        raise ValueError(f"policy.train_top_layers={top}: the model has {len(layers)} layers")
+    if top > len(layers):  # a recipe sized for a deeper model: train every layer
+        logger.info("train_top_layers=%d >= the model's %d layers: all train", top, len(layers))
     model.requires_grad_(False)
     for layer in list(layers)[-top:]:
         layer.requires_grad_(True)
