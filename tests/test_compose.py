@@ -1,14 +1,22 @@
 """The service images as a compose stack (deploy/compose/compose.yaml).
 
-Brings up sandbox + reward + swe-runner with `docker compose up -d --wait` under a
-unique project name and free loopback ports, checks every service's gRPC health through
-its published port, scores a `code` row end to end (reward container → sandbox container
-over the compose network, `sandbox.target=sandbox:50051`), then `docker compose down`
-and checks that no container or network of the project is left.
+1. Brings up sandbox + reward + swe-runner with `docker compose up -d --wait` under a
+   unique project name and free loopback ports, checks every service's gRPC health through
+   its published port, scores a `code` row end to end (reward container → sandbox
+   container over the compose network, `sandbox.target=sandbox:50051`), then `docker
+   compose down` and checks that no container or network of the project is left.
+2. Runs a tiny RLVR stage with `rlfleet rl rlvr -c test --run compose` (its own project,
+   named by an env.toml `[compose]` profile): the CLI brings up sandbox + reward + rollout
+   (hf engine, bundled `tiny` model built inside the container), trains two steps on this
+   host against the published ports (weights over StreamWeights), and with `--keep-up`
+   leaves the stack running so that the rollout's weight version can be read; a `--resume`
+   run for one more step then brings it down. Checks the metrics, the ledger (every
+   issued prompt accounted for exactly once) and that nothing of the project is left.
 
-rollout and trainer (torch, vLLM images) are not started yet: SERVICES lists the
-services brought up. Missing images are built first (deploy/docker/build-images.sh).
-Without Docker (and compose v2) the tests skip, or fail when RLFLEET_REQUIRE_DOCKER=1.
+Images are built first (deploy/docker/build-images.sh; Docker's layer cache makes an
+unchanged rebuild take seconds). Without Docker (and compose v2) the tests skip, or fail
+when RLFLEET_REQUIRE_DOCKER=1. The trainer image is not used: `--run compose` runs the
+trainer on the host (docs/containers.md).
 """
 
 from __future__ import annotations
@@ -17,22 +25,26 @@ import json
 import os
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 from rlfleet_core.client import check_health
-from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
-from support import REPO, ensure_images, free_port, require_docker
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from support import REPO, RLFLEET, ensure_images, free_port, require_docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 COMPOSE_FILE = REPO / "deploy/compose/compose.yaml"
 SERVICES = ("sandbox", "reward", "swe-runner")
-"""Services this test brings up; rollout and trainer join once their images build."""
+"""Services the `stack` fixture brings up (the RLVR stage test brings up its own)."""
+STAGE_SERVICES = ("sandbox", "reward", "rollout")
+"""What `rlfleet rl rlvr --run compose` starts (rlfleet_cli.stage.SERVICES_FOR_STAGE)."""
 # compose.yaml's published-port variables, per service: (gRPC, HTTP or None).
 PORT_VARS = {
     "sandbox": ("SANDBOX_PORT", "SANDBOX_HTTP_PORT"),
@@ -163,3 +175,155 @@ def test_reward_scores_code_in_the_sandbox_container(stack: Stack) -> None:
     assert io.failure_kind == reward_pb2.FAILURE_KIND_NONE and io.reward == 1.0, dict(io.info)
     # The programs ran in the sandbox container, not somewhere else.
     assert _sandbox_runs(stack) >= runs_before + 3
+
+
+# --- a tiny RLVR stage through `rlfleet rl rlvr --run compose` -------------------------------
+
+
+def _reasoning_gym_rows(path: Path, count: int, seed: int) -> None:
+    reasoning_gym = pytest.importorskip("reasoning_gym")
+    data = reasoning_gym.create_dataset("basic_arithmetic", size=count, seed=seed)
+    with path.open("w") as f:
+        for i, entry in enumerate(data):
+            row = {
+                "id": f"arith{seed}-{i}",
+                "responses_create_params": {
+                    "input": [{"role": "user", "content": entry["question"]}]
+                },
+                "env": "reasoning_gym",
+                "answer": entry["answer"],
+                "metadata": entry["metadata"],
+            }
+            f.write(json.dumps(row) + "\n")
+
+
+def _rl(workdir: Path, env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    command = [RLFLEET, "rl", "rlvr", "-c", "test", "--run", "compose", "--engine", "hf", *args]
+    done = subprocess.run(
+        command, cwd=workdir, env=dict(env), capture_output=True, text=True, timeout=900
+    )
+    print(f"$ {' '.join(command)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def _verify_ledger(run_dir: Path) -> dict[str, int]:
+    from rlfleet_core.config import load_config
+    from rlfleet_core.recipe import RecipeConfig
+    from rlfleet_trainer.ledger import Ledger, verify_ledger
+    from rlfleet_trainer.run import build_context
+
+    recipe = load_config(RecipeConfig, str(run_dir / "recipe.yaml"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ctx = build_context(recipe, run_dir.parent / "probe")
+    ctx.source.cursor = summary["data_cursor"]
+    return verify_ledger(Ledger(run_dir / "ledger.jsonl").entries(), ctx.source.issued_ids())
+
+
+def _weight_version(target: str) -> int:
+    with grpc.insecure_channel(target) as channel:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        return int(stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30).weight_version)
+
+
+def test_tiny_rlvr_stage_through_run_compose(tmp_path: Path) -> None:
+    require_docker(compose=True)
+    ensure_images(*STAGE_SERVICES)
+    ports, grpc_targets, _ = _ports()
+    project = f"rlfleet-stage-{uuid.uuid4().hex[:8]}"
+    stack = Stack(project, {**os.environ, **ports}, grpc_targets, {})
+    (tmp_path / "env.toml").write_text(
+        f'[compose]\nlauncher = "compose"\ncompose_file = "{COMPOSE_FILE}"\n'
+        f'project_name = "{project}"\nwait_timeout_s = 300\n'
+    )
+    _reasoning_gym_rows(tmp_path / "train.jsonl", 12, seed=3)
+    _reasoning_gym_rows(tmp_path / "val.jsonl", 4, seed=4)
+    run_dir = tmp_path / "run"
+    overrides = [
+        "policy.model=tiny",
+        "policy.dtype=float32",
+        "policy.max_total_sequence_length=256",
+        "policy.train_micro_batch_size=8",
+        "generation.max_new_tokens=16",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.lr=1e-3",
+        "checkpoint.export_hf=false",
+        f"data.train_path={tmp_path / 'train.jsonl'}",
+        f"data.val_path={tmp_path / 'val.jsonl'}",
+    ]
+    try:
+        started = time.monotonic()
+        first = _rl(
+            tmp_path,
+            stack.env,
+            "--out",
+            str(run_dir),
+            "--keep-up",
+            *overrides,
+            "grpo.max_num_steps=2",
+        )
+        print(f"stage (2 steps, compose up included): {time.monotonic() - started:.0f} s")
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert (run_dir / "logs" / "compose.log").stat().st_size > 0
+        # --keep-up: the stage's services still run, healthy, and nothing else was started.
+        assert stack.leftovers(), "--keep-up brought the stack down"
+        assert sorted(_service_states(stack)) == sorted(STAGE_SERVICES)
+        assert set(_service_states(stack).values()) == {("running", "healthy")}
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["step"] == 2
+        # The rollout container got every published version (StreamWeights from the host).
+        assert _weight_version(grpc_targets["rollout"]) == summary["weight_version"] >= 2
+        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in metrics] == [1, 2]
+        for m in metrics:
+            assert 0.0 <= m["reward/reasoning_gym"] <= 1.0, m
+            # the container's `tiny` (built inside it) is the trainer's: same ids, logprobs
+            assert m["token_mult_prob_error"] == pytest.approx(1.0, abs=2e-3), m
+        assert _verify_ledger(run_dir)["trained"] == 4
+
+        # One more step from the checkpoint against the running stack; this run brings it down.
+        started = time.monotonic()
+        second = _rl(
+            tmp_path,
+            stack.env,
+            "--out",
+            str(run_dir),
+            "--resume",
+            *overrides,
+            "grpo.max_num_steps=3",
+        )
+        print(f"resumed stage (1 step, compose down included): {time.monotonic() - started:.0f} s")
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert json.loads((run_dir / "summary.json").read_text())["step"] == 3
+        assert _verify_ledger(run_dir)["trained"] == 6
+        ps = stack.compose("ps", "-a", "-q")
+        assert ps.returncode == 0 and ps.stdout.strip() == "", ps.stdout
+        assert stack.leftovers() == [], f"left behind by project {project}"
+    finally:
+        if stack.leftovers():
+            stack.compose("down", "--timeout", "10", "--volumes", "--remove-orphans")
+
+
+def _service_states(stack: Stack) -> dict[str, tuple[str, str]]:
+    ps = stack.compose("ps", "-a", "--format", "json")
+    assert ps.returncode == 0, ps.stderr
+    rows = [json.loads(line) for line in ps.stdout.splitlines() if line.strip()]
+    return {row["Service"]: (row["State"], row["Health"]) for row in rows}
+
+
+def test_run_compose_without_images_says_how_to_build(tmp_path: Path) -> None:
+    """A missing image is one line naming the build command, before anything starts."""
+    require_docker(compose=True)
+    (tmp_path / "compose.yaml").write_text(
+        "services:\n"
+        + "".join(f"  {s}:\n    image: rlfleet-missing/{s}:none\n" for s in STAGE_SERVICES)
+    )
+    (tmp_path / "env.toml").write_text(
+        f'[compose]\nlauncher = "compose"\ncompose_file = "{tmp_path / "compose.yaml"}"\n'
+        'project_name = "rlfleet-missing"\n'
+    )
+    done = _rl(tmp_path, os.environ, "policy.model=tiny", "data.train_path=none.jsonl")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "deploy/docker/build-images.sh sandbox reward rollout" in done.stderr
+    assert not (tmp_path / "runs").exists()

