@@ -68,10 +68,10 @@ def test_serve_health_and_sigterm(service: str) -> None:
         assert wait_serving(port, SERVICES[service], timeout_s=5) == "SERVING"
         health = httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=5)
         assert (health.status_code, health.text) == (200, "SERVING")
-        started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=5)
-        assert time.monotonic() - started < 5
+        # A hang guard, not a speed check (the grace period is a few seconds; a loaded
+        # 2-core CI box has taken longer than 5 s to stop the reward worker pool).
+        rc = proc.wait(timeout=30)
         assert rc == 0
     finally:
         if proc.poll() is None:
