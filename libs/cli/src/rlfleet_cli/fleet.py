@@ -36,6 +36,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def tail_lines(path: Path, lines: int) -> str:
+    """The last `lines` lines of a log file ("" if it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 @dataclass
 class ServiceProcess:
     name: str
@@ -49,10 +57,7 @@ class ServiceProcess:
         return f"127.0.0.1:{self.port}"
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_lines(self.log_path, lines)
 
 
 class LocalFleet:

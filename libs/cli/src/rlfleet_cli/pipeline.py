@@ -33,7 +33,7 @@ from rlfleet_core.data import DataError
 from rlfleet_core.recipe import RecipeConfig
 
 from rlfleet_cli.data_prep import PrepOptions, prepare_rl
-from rlfleet_cli.fleet import LocalFleet
+from rlfleet_cli.fleet import LocalFleet, tail_lines
 from rlfleet_cli.recipes import load_recipe
 from rlfleet_cli.report import StageResult, read_metrics, write_report
 from rlfleet_cli.stage import trainer_command
@@ -262,8 +262,7 @@ class TrainerProcess:
                 self.process.wait()
 
     def log_tail(self, lines: int = 20) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return tail_lines(self.log_path, lines)
 
 
 def run_stage(
