@@ -32,7 +32,7 @@ from rlfleet_core.config import dump_yaml
 from rlfleet_core.data import DataError
 from rlfleet_core.recipe import RecipeConfig
 
-from rlfleet_cli.data_prep import PrepOptions, prepare_rl
+from rlfleet_cli.data_prep import PrepOptions, prepare_rl, resolve_blend
 from rlfleet_cli.fleet import LocalFleet, tail_lines
 from rlfleet_cli.recipes import load_recipe
 from rlfleet_cli.report import StageResult, read_metrics, write_report
@@ -147,7 +147,11 @@ def pipeline_of(spec: RunSpec, pipeline: Pipeline | None = None) -> Pipeline:
 
 def data_dir(out: Path, stage: PipelineStage) -> Path:
     """Where the stage's blend is prepared: <out>/data/<blend name>."""
-    return out / "data" / (Path(stage.blend).stem if Path(stage.blend).exists() else stage.blend)
+    try:
+        name, _ = resolve_blend(stage.blend)  # the name prepare_rl writes under
+    except DataError as exc:
+        raise PipelineError(f"stage {stage.name}: {exc}") from None
+    return out / "data" / name
 
 
 def prepare_data(pipeline: Pipeline, out: Path) -> dict[str, Path]:
