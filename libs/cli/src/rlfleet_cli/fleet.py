@@ -22,7 +22,8 @@ from types import TracebackType
 import grpc
 from rlfleet_core.client import check_health
 
-# Start order: dependencies first (the reward gateway calls the sandbox).
+# Start order: dependencies first (the reward gateway calls the sandbox); they are stopped
+# in reverse.
 START_ORDER = ("sandbox", "reward", "rollout", "swe-runner", "trainer")
 
 
@@ -84,8 +85,7 @@ class LocalFleet:
     def target(self, service: str) -> str:
         return self.processes[service].target
 
-    def _spawn(self, name: str) -> ServiceProcess:
-        port, http_port = free_port(), free_port()
+    def _spawn(self, name: str, port: int, http_port: int, wiring: list[str]) -> ServiceProcess:
         log_dir = self.run_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
@@ -99,6 +99,7 @@ class LocalFleet:
             str(port),
             "--http-port",
             str(http_port),
+            *wiring,
             *self.overrides.get(name, []),
         ]
         with log_path.open("ab") as log:
@@ -110,6 +111,14 @@ class LocalFleet:
                 start_new_session=True,
             )
         return ServiceProcess(name, port, http_port, log_path, process)
+
+    @staticmethod
+    def _wiring(name: str, ports: dict[str, tuple[int, int]]) -> list[str]:
+        """Overrides that point a service at the others of this fleet (the user's own
+        overrides come after, so they win)."""
+        if name == "reward" and "sandbox" in ports:
+            return [f"sandbox.target=127.0.0.1:{ports['sandbox'][0]}"]
+        return []
 
     def _wait_serving(self, proc: ServiceProcess) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -134,9 +143,14 @@ class LocalFleet:
         )
 
     def start(self) -> None:
+        """Spawn every service at once (vLLM's start dominates; the others start beside
+        it), then wait for each to serve. Ports are chosen first so that the reward
+        gateway is told where the sandbox listens."""
         try:
+            ports = {name: (free_port(), free_port()) for name in self.services}
             for name in self.services:
-                proc = self.processes[name] = self._spawn(name)
+                self.processes[name] = self._spawn(name, *ports[name], self._wiring(name, ports))
+            for proc in self.processes.values():
                 self._wait_serving(proc)
         except BaseException:
             self.stop()

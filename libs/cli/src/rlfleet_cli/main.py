@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -296,13 +297,57 @@ def prep_rl(
     token_budget: Annotated[
         int | None, typer.Option(help="Max generated tokens per prompt.")
     ] = None,
+    curriculum_samples: Annotated[
+        int,
+        typer.Option(
+            help="Curriculum pass: sample each training prompt K times from the starting "
+            "model, drop those solved in all K, order the rest easiest first (0: off).",
+            rich_help_panel="Curriculum",
+        ),
+    ] = 0,
+    curriculum_model: Annotated[
+        str,
+        typer.Option(help="Starting model to measure.", rich_help_panel="Curriculum"),
+    ] = "smollm2-135m-instruct",
+    curriculum_engine: Annotated[
+        str,
+        typer.Option(
+            help="Rollout engine when one is started: vllm or hf.", rich_help_panel="Curriculum"
+        ),
+    ] = "vllm",
+    curriculum_max_tokens: Annotated[
+        int, typer.Option(help="Max generated tokens per sample.", rich_help_panel="Curriculum")
+    ] = 256,
+    curriculum_temperature: Annotated[
+        float, typer.Option(help="Sampling temperature.", rich_help_panel="Curriculum")
+    ] = 1.0,
+    rollout_url: Annotated[
+        str | None,
+        typer.Option(
+            help="An OpenAI-compatible server to sample from (e.g. a running rollout's "
+            "http://host:port); default: start a rollout service for the pass.",
+            rich_help_panel="Curriculum",
+        ),
+    ] = None,
+    reward: Annotated[
+        str | None,
+        typer.Option(
+            help="A running reward gateway (host:port); default: start one for the pass.",
+            rich_help_panel="Curriculum",
+        ),
+    ] = None,
 ) -> None:
     """Fill placeholders, validate NeMo-Gym rows, split train/val (last rows held out) and
-    write <out>/<blend>/{train,val}/data.jsonl plus manifest.json (rows, hashes, env mix)."""
+    write <out>/<blend>/{train,val}/data.jsonl plus manifest.json (rows, hashes, env mix).
+
+    With --curriculum-samples K, the training prompts are measured against the starting
+    model first (see the Curriculum options); train on the result with data.shuffle=false
+    to keep its easiest-first order."""
     from rich.progress import Progress
     from rlfleet_core.data import DataError
 
-    from rlfleet_cli.data_prep import PrepOptions, prepare_rl
+    from rlfleet_cli.curriculum import CurriculumOptions, curriculum_services
+    from rlfleet_cli.data_prep import CurriculumPass, PrepOptions, prepare_rl
 
     if reasoning not in ("keep", "on", "off"):
         raise fail(f"--reasoning: expected keep, on or off, got {reasoning!r}")
@@ -316,18 +361,50 @@ def prep_rl(
         reasoning=reasoning,  # type: ignore[arg-type]
         token_budget=token_budget,
     )
+    if curriculum_engine not in ("vllm", "hf"):
+        raise fail(f"--curriculum-engine: expected vllm or hf, got {curriculum_engine!r}")
+    curriculum = CurriculumOptions(
+        samples=curriculum_samples,
+        temperature=curriculum_temperature,
+        max_tokens=curriculum_max_tokens,
+    )
     try:
-        with Progress(console=err, transient=True) as progress:
+        options.check()
+        if curriculum_samples:
+            curriculum.check()
+        with ExitStack() as stack:
+            passing = None
+            if curriculum_samples:
+                generate, score = stack.enter_context(
+                    curriculum_services(
+                        curriculum,
+                        model=curriculum_model,
+                        engine=curriculum_engine,
+                        log_dir=out_dir / ".curriculum",
+                        rollout_url=rollout_url,
+                        reward_target=reward,
+                        log=err.print,
+                    )
+                )
+                passing = CurriculumPass(
+                    generate, score, curriculum_samples, rollout_url or curriculum_model
+                )
+            progress = stack.enter_context(Progress(console=err, transient=True))
             task = progress.add_task(f"preparing {blend}", total=None)
+            if passing is not None:
+                measuring = progress.add_task("curriculum: measuring prompts", total=None)
+                passing.advance = lambda n: progress.advance(measuring, n)
             prepared, manifest = prepare_rl(
-                blend, options, advance=lambda n: progress.advance(task, n)
+                blend, options, advance=lambda n: progress.advance(task, n), curriculum=passing
             )
-    except DataError as exc:
+    except (DataError, FleetError) as exc:
         raise fail(str(exc)) from None
     for split, info in manifest.splits.items():
         mix = ", ".join(f"{env} {n}" for env, n in info["env_mix"].items())
         path = prepared / split / "data.jsonl"
         out.print(f"{split:<5} {info['rows']:>6} rows  {path}  ({mix})")
+    for reason, count in manifest.dropped.items():
+        out.print(f"dropped {count} training prompts: {reason}")
 
 
 reward_app = typer.Typer(help="Reward environments (needs rlfleet-reward).", no_args_is_help=True)

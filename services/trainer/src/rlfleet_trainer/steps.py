@@ -12,6 +12,7 @@ import torch
 from rlfleet_core.recipe import RecipeConfig
 
 from rlfleet_trainer.algorithms import (
+    REWARD_TIE,
     LossConfig,
     compute_grpo_advantages,
     sample_loss_multiplier,
@@ -117,7 +118,7 @@ def data_metrics(groups: Sequence[PromptGroup], current_version: int) -> dict[st
     metrics = {
         "reward/mean": statistics.fmean(s.reward for s in samples),
         "frac_reward_zero_std": statistics.fmean(
-            float(len(set(grp.rewards)) == 1) for grp in groups
+            float(max(grp.rewards) - min(grp.rewards) <= REWARD_TIE) for grp in groups
         ),
         "response_length/mean": statistics.fmean(lengths),
         "response_length/max": float(max(lengths)),

@@ -3,6 +3,7 @@ importance correction and KL penalty, sample filters. Each docstring states its 
 tests/test_algorithms_*.py pin every one to hand-computed numbers."""
 
 from rlfleet_trainer.algorithms.advantages import (
+    REWARD_TIE,
     compute_baseline_and_std,
     compute_grpo_advantages,
     zero_variance_groups,
@@ -29,6 +30,7 @@ from rlfleet_trainer.algorithms.losses import (
 )
 
 __all__ = [
+    "REWARD_TIE",
     "LossConfig",
     "LossInputs",
     "LossOutput",

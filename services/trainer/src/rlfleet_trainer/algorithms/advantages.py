@@ -19,10 +19,9 @@ def compute_baseline_and_std(
 
     Leave-one-out (n = G - 1 other samples):
         b_i   = (Σ_j r_j − r_i) / n
-        m2_i  = (Σ_j r_j² − r_i²) / n
-        std_i = sqrt((m2_i − b_i²) · n / (n − 1))        (Bessel-corrected)
+        std_i = sqrt(Σ_{j≠i} (r_j − b_i)² / (n − 1))      (Bessel-corrected)
     Plain (n = G): the group mean and the Bessel-corrected std of all G rewards.
-    A std that is undefined (n = 1) or tiny negative from rounding is 0.
+    A std that is undefined (n = 1) or only rounding noise is 0.
 
     Returns (baseline_PG, std_PG).
     """
@@ -30,20 +29,26 @@ def compute_baseline_and_std(
         raise ValueError(f"rewards must be [prompts, G >= 2], got shape {tuple(rewards_PG.shape)}")
     rewards_PG = rewards_PG.double()
     group_size = rewards_PG.shape[1]
-    total_P1 = rewards_PG.sum(dim=1, keepdim=True)
-    total_sq_P1 = rewards_PG.square().sum(dim=1, keepdim=True)
+    # Squared deviations are summed directly (two passes), not from Σr² − n·b²: that
+    # moment form cancels catastrophically when the other rewards are equal up to
+    # rounding (2/3 vs 1/3 + 1/3), leaving a std of ~1e-8 that turned a 0.33 reward
+    # gap into an advantage of 3e5.
     if leave_one_out:
         n = group_size - 1
-        baseline_PG = (total_P1 - rewards_PG) / n
-        second_moment_PG = (total_sq_P1 - rewards_PG.square()) / n
+        baseline_PG = (rewards_PG.sum(dim=1, keepdim=True) - rewards_PG) / n
+        others_GG = ~torch.eye(group_size, dtype=torch.bool, device=rewards_PG.device)
+        # deviation_PGG[p, i, j] = r_j − b_i over the others j ≠ i of sample i
+        deviation_PGG = rewards_PG.unsqueeze(1) - baseline_PG.unsqueeze(2)
+        squares_PG = (deviation_PGG.square() * others_GG).sum(dim=2)
     else:
         n = group_size
-        baseline_PG = (total_P1 / n).expand_as(rewards_PG)
-        second_moment_PG = (total_sq_P1 / n).expand_as(rewards_PG)
-    variance_PG = (second_moment_PG - baseline_PG.square()).clamp(min=0.0)
-    bessel = n / (n - 1) if n > 1 else 0.0  # one other sample: no spread to estimate
-    std_PG = (variance_PG * bessel).sqrt()
-    # Rounding can leave ~1e-17 where the others are all equal; treat that as 0.
+        baseline_PG = rewards_PG.mean(dim=1, keepdim=True).expand_as(rewards_PG)
+        squares_PG = (
+            (rewards_PG - baseline_PG).square().sum(dim=1, keepdim=True).expand_as(rewards_PG)
+        )
+    # Bessel: divide by n − 1; one other sample leaves no spread to estimate.
+    std_PG = (squares_PG / (n - 1)).sqrt() if n > 1 else torch.zeros_like(rewards_PG)
+    # Rewards equal up to rounding leave a std far below any real spread: treat as 0.
     std_PG = torch.where(std_PG < 1e-12, torch.zeros_like(std_PG), std_PG)
     return baseline_PG, std_PG
 
@@ -72,7 +77,12 @@ def compute_grpo_advantages(
     return advantages_PG.float()
 
 
+REWARD_TIE = 1e-9
+"""Rewards closer than this are equal (graded rewards summed in different orders differ
+in the last bits)."""
+
+
 def zero_variance_groups(rewards_PG: torch.Tensor) -> torch.Tensor:
     """Dynamic sampling (DAPO): True for groups whose rewards are all equal; they carry
     no learning signal (every advantage is 0) and are dropped. Returns mask_P (bool)."""
-    return (rewards_PG.max(dim=1).values - rewards_PG.min(dim=1).values) == 0
+    return (rewards_PG.max(dim=1).values - rewards_PG.min(dim=1).values) <= REWARD_TIE
