@@ -41,6 +41,19 @@ def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     (stage,) = report["stages"]
     before, after = stage["heldout_reward_before"], stage["heldout_reward_after"]
+    # The samples behind the means: every held-out prompt x 2, the "after" ones generated
+    # by the final weights, their mean reward the reported number.
+    stage_dir = tmp_path / "stages" / "rlvr1"
+    for label, reported, version in (("before", before, 0), ("after", after, None)):
+        samples = [
+            json.loads(line)
+            for line in (stage_dir / f"heldout_{label}.jsonl").read_text().splitlines()
+        ]
+        assert len(samples) == 32 * 2
+        per_prompt = [sum(s["reward"] for s in samples if s["prompt"] == i) / 2 for i in range(32)]
+        assert abs(sum(per_prompt) / 32 - reported) < 1e-9
+        versions = {s["weight_version"] for s in samples}
+        assert versions == ({version} if version is not None else {stage["steps"]}), versions
     assert 0.1 <= before <= 0.5, stage
     assert after >= before + 0.15, stage
     rewards = [

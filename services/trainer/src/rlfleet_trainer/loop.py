@@ -98,7 +98,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
     empty_steps = 0
     if g.val_at_start and "before" not in read_heldout(ctx.run_dir):
         ctx.status["phase"] = "validating"
-        write_heldout(ctx.run_dir, "before", await validate(ctx))
+        write_heldout(ctx.run_dir, "before", await validate(ctx, "before"))
     try:
         while state.step < g.max_num_steps:
             started = time.monotonic()
@@ -154,7 +154,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
         state.data_cursor = ctx.source.cursor
         if g.val_at_end:
             ctx.status["phase"] = "validating"
-            write_heldout(ctx.run_dir, "after", await validate(ctx))
+            write_heldout(ctx.run_dir, "after", await validate(ctx, "after"))
         ctx.status["phase"] = "idle"
         return state
     finally:
@@ -338,10 +338,11 @@ def write_checkpoint(
     )
 
 
-async def validate(ctx: RunContext) -> dict[str, float]:
+async def validate(ctx: RunContext, label: str | None = None) -> dict[str, float]:
     """Reward over the first num_val_prompts held-out prompts (val_samples_per_prompt
     samples each at val_temperature): `reward` (the mean) and `reward/<env>`; empty
-    without held-out data."""
+    without held-out data. With `label`, every sample (text, reward, weight version) goes
+    to `<run_dir>/heldout_<label>.jsonl`, to read what the numbers are made of."""
     if ctx.val_source is None:
         return {}
     val_source, g = ctx.val_source, ctx.recipe.grpo
@@ -353,22 +354,39 @@ async def validate(ctx: RunContext) -> dict[str, float]:
     )
     count = min(g.num_val_prompts, len(val_source.rows))
 
+    tag = label or "val"
+    samples: list[dict[str, Any]] = []
+
     async def one(index: int) -> tuple[str, float]:
         prompt = val_source.prompt_at(index)
         results = await ctx.rollout.generate(
-            f"val-{index}", prompt.token_ids, g.val_samples_per_prompt, sampling
+            f"{tag}-{index}", prompt.token_ids, g.val_samples_per_prompt, sampling
         )
         texts = [ctx.tokenizer.decode(list(r.token_ids), skip_special_tokens=True) for r in results]
         scores = await ctx.reward.score_group(
-            f"val-{index}",
+            f"{tag}-{index}",
             prompt.env,
             prompt.row_json,
             texts,
             [len(r.token_ids) for r in results],
         )
+        samples.extend(
+            {
+                "prompt": index,
+                "env": prompt.env,
+                "text": text,
+                "reward": score.reward,
+                "weight_version": result.weight_version_last,
+            }
+            for text, score, result in zip(texts, scores, results, strict=True)
+        )
         return prompt.env, sum(s.reward for s in scores) / len(scores)
 
     results = await asyncio.gather(*(one(i) for i in range(count)))
+    if label is not None:
+        samples.sort(key=lambda s: s["prompt"])
+        lines = "".join(json.dumps(s) + "\n" for s in samples)
+        (ctx.run_dir / f"heldout_{label}.jsonl").write_text(lines, encoding="utf-8")
     by_env: dict[str, list[float]] = {}
     for env, reward in results:
         by_env.setdefault(env, []).append(reward)
