@@ -7,6 +7,7 @@ that every command needs (ports, config file, output folder).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -127,14 +128,13 @@ def up(
 ) -> None:
     """Start services locally on free loopback ports, print their addresses, and keep them
     running until Ctrl-C (then stop them gracefully)."""
-    import signal as _signal
     import threading
 
     from rlfleet_cli.fleet import FleetError, LocalFleet
 
     stop = threading.Event()
-    for sig in (_signal.SIGTERM, _signal.SIGINT):  # explicit: SIGINT may arrive ignored
-        _signal.signal(sig, lambda *_: stop.set())
+    for sig in (signal.SIGTERM, signal.SIGINT):  # explicit: SIGINT may arrive ignored
+        signal.signal(sig, lambda *_: stop.set())
     try:
         with err.status("starting services..."):
             fleet = LocalFleet([s.strip() for s in services.split(",") if s.strip()], run_dir)
@@ -197,6 +197,10 @@ def run(
         raise fail(f"--engine: expected vllm or hf, got {engine!r}")
     spec = RunSpec(pipeline=pipeline, engine=engine, model=model, overrides=list(overrides or []))
     started = time.monotonic()
+    # A process started in the background by a non-interactive shell inherits SIGINT
+    # ignored, and Python then never raises KeyboardInterrupt: Ctrl-C / kill -INT must
+    # still stop the run cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with PipelineProgress(err) as progress:
             report = run_pipeline(
