@@ -6,10 +6,10 @@ Synchronous GRPO (`max_trajectory_age_steps=0`) at lr 3e-5 instead of the pipeli
 async setting at 5e-5: every batch is on-policy and steps are smaller, so the gain varies
 less between runs. Measured gains: async 5e-5 ranged from -0.16 to +0.52 over 7 runs;
 sync 5e-5 gave +0.36, +0.56 and -0.09 (the policy collapsed onto short wrong answers,
-entropy 1.6 -> 0.6); sync 3e-5 gave +0.36. On 2 cores sync is also the faster loop
-(17-19 s a step against 22-25 s: generation no longer competes with the backward). vLLM's
-sampling on CPU is not reproducible from its seed (batch composition depends on arrival
-timing), so the seeds fix data order and initialisation only.
+entropy 1.6 -> 0.6); sync 3e-5 gave +0.36 and +0.375. On 2 cores sync is also the faster
+loop (17-19 s a step against 22-25 s: generation no longer competes with the backward).
+vLLM's sampling on CPU is not reproducible from its seed (batch composition depends on
+arrival timing), so the seeds fix data order and initialisation only.
 
 The held-out reward (32 held-out prompts x 2 samples at the training temperature) must
 start between 0.1 and 0.5 (a task the model can partly do) and end clearly higher: the
