@@ -34,7 +34,6 @@ class CurriculumOptions:
     """K: samples per prompt (>= 2: one sample cannot tell 'always' from 'once')."""
     temperature: float = 1.0
     max_tokens: int = 256
-    concurrency: int = 8
     timeout_s: float = 300.0
     """Deadline of each generate and score call."""
 
