@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlfleet_core.data import env_of, prompt_messages, read_blend
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -32,38 +34,19 @@ class Prompt:
     """Chat template applied, generation prompt added."""
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    rows = []
-    with Path(path).open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object per line")
-            rows.append(row)
-    return rows
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL file, or of every *.jsonl under a folder (what data prep
+    writes); a bad line is a `DataError` naming the file and line."""
+    return [source.row for source in read_blend(Path(path))]
 
 
 def row_messages(row: dict[str, Any]) -> list[dict[str, str]]:
-    """The chat messages of a NeMo-Gym row (`responses_create_params.input`)."""
-    params = row.get("responses_create_params")
-    if not isinstance(params, dict) or "input" not in params:
-        raise ValueError(f"row {row.get('id', '?')}: missing responses_create_params.input")
-    messages = params["input"]
-    if isinstance(messages, str):
-        return [{"role": "user", "content": messages}]
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    """The chat messages of a NeMo-Gym row, reduced to what a chat template reads."""
+    return [{"role": m["role"], "content": m.get("content", "")} for m in prompt_messages(row)]
 
 
 def row_env(row: dict[str, Any], default_env: str) -> str:
-    agent_ref = row.get("agent_ref")
-    if isinstance(agent_ref, dict) and agent_ref.get("name"):
-        return str(agent_ref["name"])
-    return str(row.get("env") or default_env)
+    return env_of(row) or default_env
 
 
 class PromptSource:

@@ -17,7 +17,7 @@ from rlfleet_core.recipe import RecipeConfig
 from rlfleet_trainer.backends.base import PolicyBackend
 from rlfleet_trainer.checkpoint import TrainerState, latest_checkpoint
 from rlfleet_trainer.clients import RewardClient, RolloutClient
-from rlfleet_trainer.data import PromptSource, read_jsonl
+from rlfleet_trainer.data import PromptSource, read_rows
 from rlfleet_trainer.loop import RunContext, run_grpo
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def build_context(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = rows if rows is not None else _rows(recipe.data.train_path, "data.train_path")
     if val_rows is None and recipe.data.val_path:
-        val_rows = read_jsonl(recipe.data.val_path)
+        val_rows = read_rows(recipe.data.val_path)
     max_prompt = recipe.data.max_prompt_tokens or (
         recipe.policy.max_total_sequence_length - recipe.generation.max_new_tokens
     )
@@ -116,7 +116,7 @@ def build_context(
 def _rows(path: str | None, key: str) -> list[dict[str, Any]]:
     if not path:
         raise ValueError(f"{key} is not set: give the training rows (JSONL) or pass rows")
-    return read_jsonl(path)
+    return read_rows(path)
 
 
 async def run_stage(
