@@ -186,6 +186,7 @@ class GroupScorer:
 
     def __call__(self, row: Row, completions: Sequence[Completion]) -> list[float]:
         import grpc
+        from rlfleet_core.client import score_group_problem
         from rlfleet_proto.v1 import reward_pb2
 
         request = reward_pb2.ScoreGroupRequest(
@@ -201,11 +202,9 @@ class GroupScorer:
                 f"row {row.get('id', '?')}: ScoreGroup on {self.target}: "
                 f"{exc.code().name} {exc.details()}"
             ) from None
-        failed = [r for r in reply.results if r.failure_kind != reward_pb2.FAILURE_KIND_NONE]
-        if failed:
-            raise DataError(
-                f"row {row.get('id', '?')} (env {env_of(row)}): {failed[0].failure_reason}"
-            )
+        problem = score_group_problem(reply, len(completions))
+        if problem:
+            raise DataError(f"row {row.get('id', '?')} (env {env_of(row)}): {problem}")
         return [float(r.reward) for r in reply.results]
 
     def close(self) -> None:

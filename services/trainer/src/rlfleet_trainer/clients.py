@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from grpc import aio
-from rlfleet_core.client import connect
+from rlfleet_core.client import connect, score_group_problem
 from rlfleet_proto.v1 import (
     common_pb2,
     reward_pb2,
@@ -290,9 +290,8 @@ class RewardClient:
                 f"ScoreGroup {request_id} ({env}) on {self.target}: "
                 f"{exc.code().name} {exc.details()}"
             ) from None
-        failed = [r for r in reply.results if r.failure_kind != reward_pb2.FAILURE_KIND_NONE]
-        if len(reply.results) != len(texts) or failed:
-            reason = failed[0].failure_reason if failed else "wrong number of results"
-            raise RewardFailed(f"ScoreGroup {request_id} ({env}): {reason}")
+        problem = score_group_problem(reply, len(texts))
+        if problem:
+            raise RewardFailed(f"ScoreGroup {request_id} ({env}): {problem}")
         logger.debug("scored %s in %.3fs", request_id, time.monotonic() - started)
         return [Score(reward=r.reward, masked=r.mask_sample) for r in reply.results]
