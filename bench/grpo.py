@@ -1,54 +1,81 @@
-"""Asynchronous vs synchronous GRPO: optimizer steps per hour on the same tiny recipe, in
-the same run. Target: async ≥ 1.5× sync.
+"""Asynchronous vs synchronous GRPO: optimizer steps per hour on the same recipe, in the
+same run. Target: async ≥ 1.5× sync.
 
-Both runs use the bundled tiny model (2 layers, hidden 128, vocab 512), the same seeds,
-prompts, recipe and step count, and the trainer's real loop over gRPC. The rollout service
-is a separate process (the real `rlfleet-rollout`, hf engine); the reward is the trainer's
-reward test double (a character-count reward over gRPC), served from its own process.
-Sync = max_trajectory_age_steps 0 (generate, then train, then publish); async = 1
-(generation for the next step overlaps training, weights are published in flight).
+Both modes use the same model, seeds, prompts, recipe and step count, and the trainer's
+real loop over gRPC. The rollout service is a separate process (the real
+`rlfleet-rollout`, hf engine); the reward is the trainer's reward test double (a
+character-count reward over gRPC), served from its own process. Sync =
+max_trajectory_age_steps 0 (generate, then train, then publish); async = 1 (generation
+for the next step overlaps training, weights are published in flight). Throughput is
+wall-clock from the end of step WARMUP_STEPS to the end of the last step (the same warm-up
+excluded in both modes; setup and the final checkpoint not counted).
 
-In production generation and training run on different devices. Here, for BOTH modes, the
-rollout process (and the reward double) is pinned to one core and the trainer (this
-process) to another, with one torch/OMP thread each, so generation and training do not
-take each other's core; with fewer than two cores the bench runs unpinned and says so.
-Throughput is wall-clock from the end of step WARMUP_STEPS to the end of the last step
-(the same warm-up excluded in both modes; setup and the final checkpoint not counted).
+Two placements, chosen by what is visible:
+
+- CPU (fewer than two CUDA devices): the bundled tiny model (2 layers, hidden 128, vocab
+  512), 4 prompts x 4 generations. Generation and training share the machine's cores
+  (one torch/OMP thread per process; RLFLEET_BENCH_PIN=1 pins them to different cores).
+- GPU (two or more CUDA devices; RLFLEET_BENCH_CPU=1 forces CPU): as in production,
+  generation and training on different devices. The rollout process sees only GPU 1
+  (CUDA_VISIBLE_DEVICES=1, hf engine in bf16), the trainer (this process) trains on
+  cuda:0 (fp32 weights, bf16 autocast), the reward double runs on the CPU, and weights
+  go trainer → rollout by an NCCL broadcast (services.weight_transport=nccl). The model
+  is a randomly initialised Llama of SmolLM2-135M's shape (hidden 576, 30 layers, 9
+  heads, 3 KV heads, tied embeddings) over the tiny model's 512-token vocabulary
+  (~106M parameters). The recipe (GPU_SHAPE) makes generation and training of similar
+  size (on two H200s: ~3.3 s generating, ~2 s logprobs + train + publish per step): 256
+  samples of ~780-token prompts for training, 48 new tokens for generation. It is ONE
+  prompt x 256 generations on purpose: the hf engine batches statically (a batch starts
+  with the samples waiting when the previous one ends), so with several prompts per step
+  sync mode apparently decodes the first-arriving prompt's samples alone and the rest in
+  a second batch (inferred from timings, not logged), while async always finds full
+  batches queued: 8 x 32 measured ~2x slower generation in sync (6.3 s vs 3.3 s) and an
+  async ratio (2.26x) above what overlap alone can give. One prompt per step keeps one
+  full batch per step in both modes, so the ratio measures the overlap. Learning is not
+  the point.
+
+    python bench/grpo.py [--quick] [--record bench/results]
+        [--prompts N --generations G --prompt-repeats R --new-tokens T]
+        [--weight-transport nccl|grpc_stream|...]   (GPU placement only)
+
+On the GPU machine the libs come from the source tree (PYTHONPATH=libs/*/src:services/*/src),
+a minimal *.dist-info/METADATA per rlfleet package (importlib.metadata.version), and
+pydantic, fastapi, uvicorn, grpcio>=1.85 and friends carried as wheels (docs/trainer.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import ctypes
+import dataclasses
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlfleet_core.bench import BenchResult
 
-DESCRIPTION = "GRPO steps/hour, async (max_trajectory_age_steps=1) vs sync, tiny recipe on CPU"
+DESCRIPTION = (
+    "GRPO steps/hour, async (max_trajectory_age_steps=1) vs sync; CPU tiny recipe, or 2 GPUs"
+)
 
 WARMUP_STEPS = 2
 """Steps not counted, in both modes: the first forward/backward, and async's first step,
 which waits for a whole step's generation with nothing to overlap."""
 
-PROMPTS = [
-    {
-        "id": f"r{i}",
-        "responses_create_params": {
-            "input": [{"role": "user", "content": f"{i}: " + "write the letter e, " * 12}]
-        },
-        "env": "letters",
-    }
-    for i in range(64)
-]
+PROMPT_PHRASE = "write the letter e, "
+
+PR_SET_PDEATHSIG = 1
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -67,26 +94,120 @@ async def main():
 asyncio.run(main())
 """
 
+SMOLLM2_SHAPE: dict[str, Any] = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    tie_word_embeddings=True,
+)
+"""SmolLM2-135M's shape (as bench/gpu_train.py), here over the tiny 512-token vocabulary."""
 
-def _recipe(model: Path, rollout: str, reward: str, age: int, steps: int) -> object:
+
+@dataclass(frozen=True)
+class Shape:
+    """The recipe's size: what one step generates and trains on."""
+
+    prompts: int
+    """grpo.num_prompts_per_step"""
+    generations: int
+    """grpo.num_generations_per_prompt"""
+    prompt_repeats: int
+    """The prompt is `i: ` + PROMPT_PHRASE x this (~12 tokens each with the tiny tokenizer)."""
+    new_tokens: int
+    train_micro_batch: int
+    logprob_micro_batch: int
+    weight_transport: str = "grpc_stream"
+
+    def describe(self, prompt_tokens: int, engine: str) -> str:
+        return (
+            f"{self.prompts} prompts x {self.generations} generations, ~{prompt_tokens}-token "
+            f"prompts, {self.new_tokens} new tokens, {engine}"
+        )
+
+
+CPU_SHAPE = Shape(4, 4, 12, 32, train_micro_batch=16, logprob_micro_batch=32)
+GPU_SHAPE = Shape(
+    1, 256, 64, 48, train_micro_batch=32, logprob_micro_batch=64, weight_transport="nccl"
+)
+"""One prompt x 256 generations: one full static batch of the hf engine per step in both
+modes (see the module docstring); --prompts/--generations change it."""
+
+
+@dataclass
+class Placement:
+    """Where each process runs and with what model."""
+
+    model: Path
+    shape: Shape
+    gpu: bool
+    steps: int
+    prompt_tokens: int = 0
+    """Longest templated prompt, in tokens (set by `prepare`)."""
+    cores: dict[str, Any] = field(default_factory=lambda: {"pinned": False})
+
+    @property
+    def max_total(self) -> int:
+        return self.prompt_tokens + self.shape.new_tokens + 8
+
+    def rollout_env(self) -> dict[str, str]:
+        if self.gpu:
+            return {"CUDA_VISIBLE_DEVICES": "1"}
+        return dict(ONE_THREAD)
+
+    def reward_env(self) -> dict[str, str]:
+        return {**ONE_THREAD, "CUDA_VISIBLE_DEVICES": ""} if self.gpu else dict(ONE_THREAD)
+
+    def engine_args(self) -> list[str]:
+        args = ["engine_config.seed=0"]
+        if self.gpu:
+            samples = self.shape.prompts * self.shape.generations
+            args += [
+                "engine_config.device=cuda",
+                f"engine_config.max_num_seqs={samples}",
+                f"engine_config.max_model_len={max(self.max_total, 1024)}",
+            ]
+        return args
+
+
+def prompts(repeats: int, count: int = 64) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"r{i}",
+            "responses_create_params": {
+                "input": [{"role": "user", "content": f"{i}: " + PROMPT_PHRASE * repeats}]
+            },
+            "env": "letters",
+        }
+        for i in range(count)
+    ]
+
+
+PROMPTS = prompts(CPU_SHAPE.prompt_repeats)
+
+
+def _recipe(placement: Placement, rollout: str, reward: str, age: int, steps: int) -> object:
     from rlfleet_core.config import load_config
     from rlfleet_core.recipe import RecipeConfig
 
+    shape = placement.shape
     return load_config(
         RecipeConfig,
         overrides=[
-            f"policy.model={model}",
-            "policy.max_total_sequence_length=320",
-            "policy.train_micro_batch_size=16",
-            "policy.logprob_micro_batch_size=32",
-            "generation.max_new_tokens=32",
-            "grpo.num_prompts_per_step=4",
-            "grpo.num_generations_per_prompt=4",
+            f"policy.model={placement.model}",
+            f"policy.max_total_sequence_length={max(placement.max_total, 320)}",
+            f"policy.train_micro_batch_size={shape.train_micro_batch}",
+            f"policy.logprob_micro_batch_size={shape.logprob_micro_batch}",
+            f"generation.max_new_tokens={shape.new_tokens}",
+            f"grpo.num_prompts_per_step={shape.prompts}",
+            f"grpo.num_generations_per_prompt={shape.generations}",
             f"grpo.max_num_steps={steps}",
             "grpo.lr=1e-4",
             f"grpo.max_trajectory_age_steps={age}",
             f"services.rollout={rollout}",
             f"services.reward={reward}",
+            f"services.weight_transport={shape.weight_transport}",
             "checkpoint.export_hf=false",
             "checkpoint.save_every_steps=0",
         ],
@@ -121,15 +242,19 @@ def pin_this_process(cores: set[int]) -> None:
             os.sched_setaffinity(int(tid), cores)
 
 
-def _spawn(args: list[str], core: int | None, **kwargs: Any) -> subprocess.Popen[str]:
+def _spawn(
+    args: list[str], core: int | None, env: dict[str, str], **kwargs: Any
+) -> subprocess.Popen[str]:
     def pin() -> None:
         if core is not None:
             os.sched_setaffinity(0, {core})
+        with contextlib.suppress(Exception):  # Linux: the child ends if the bench dies
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
     return subprocess.Popen(
         [sys.executable, *args],
-        env={**os.environ, **ONE_THREAD},
-        preexec_fn=pin,  # one syscall in the child before exec
+        env={**os.environ, **env},
+        preexec_fn=pin,  # two syscalls in the child before exec
         text=True,
         **kwargs,
     )
@@ -142,15 +267,19 @@ def _free_port() -> int:
 
 
 async def _reward_target(
-    stack: contextlib.AsyncExitStack, model: Path, core: int | None, own_process: bool
+    stack: contextlib.AsyncExitStack, placement: Placement, core: int | None, own_process: bool
 ) -> str:
     if not own_process:
         from rlfleet_trainer.testing import serve_doubles
 
-        _, target, _, _ = await stack.enter_async_context(serve_doubles(model))
+        _, target, _, _ = await stack.enter_async_context(serve_doubles(placement.model))
         return target
     reward = _spawn(
-        ["-c", REWARD_SERVER, str(model)], core, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        ["-c", REWARD_SERVER, str(placement.model)],
+        core,
+        placement.reward_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     stack.callback(_stop, reward)
     assert reward.stdout is not None
@@ -168,30 +297,35 @@ def _stop(process: subprocess.Popen[str]) -> None:
 
 
 async def measure_mode(
-    model: Path, age: int, steps: int, cores: dict[str, Any], reward_process: bool = True
+    placement: Placement, age: int, reward_process: bool = True
 ) -> dict[str, float]:
     """One GRPO run of WARMUP_STEPS + steps at max_trajectory_age_steps=age."""
     from rlfleet_core.client import wait_for_serving
     from rlfleet_trainer.loop import run_grpo
     from rlfleet_trainer.run import build_context
 
+    steps, cores = placement.steps, placement.cores
     side_core = cores.get("rollout_core")
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-grpo-age{age}-"))
     port = _free_port()
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, run_dir, ignore_errors=True)
-        args = ["-m", "rlfleet_rollout", "--port", str(port), "engine=hf", f"model={model}"]
+        args = ["-m", "rlfleet_rollout", "--port", str(port), "engine=hf"]
+        # The rollout's log goes to stderr on GPU (a failure there must be readable).
+        quiet = None if placement.gpu else subprocess.DEVNULL
         rollout = _spawn(
-            [*args, "engine_config.seed=0"],
+            [*args, f"model={placement.model}", *placement.engine_args()],
             side_core,
+            placement.rollout_env(),
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=quiet,
         )
         stack.callback(_stop, rollout)
-        reward_target = await _reward_target(stack, model, side_core, reward_process)
-        await wait_for_serving(f"127.0.0.1:{port}", timeout_s=180.0)
-        recipe = _recipe(model, f"127.0.0.1:{port}", reward_target, age, WARMUP_STEPS + steps)
-        ctx = build_context(recipe, run_dir, rows=PROMPTS)  # type: ignore[arg-type]
+        reward_target = await _reward_target(stack, placement, side_core, reward_process)
+        await wait_for_serving(f"127.0.0.1:{port}", timeout_s=300.0)
+        recipe = _recipe(placement, f"127.0.0.1:{port}", reward_target, age, WARMUP_STEPS + steps)
+        rows = prompts(placement.shape.prompt_repeats)
+        ctx = build_context(recipe, run_dir, rows=rows)  # type: ignore[arg-type]
         ends: list[float] = []
         ctx.on_step = lambda step, metrics: ends.append(time.monotonic())
         if cores["pinned"]:
@@ -212,10 +346,10 @@ async def measure_mode(
     return result
 
 
-async def _measure(model: Path, steps: int, cores: dict[str, Any]) -> dict[str, float]:
+async def _measure(placement: Placement) -> dict[str, float]:
     results: dict[str, float] = {}
     for name, age in (("sync", 0), ("async", 1)):
-        for key, value in (await measure_mode(model, age, steps, cores)).items():
+        for key, value in (await measure_mode(placement, age)).items():
             results[f"{name}_{key}"] = value
     return results
 
@@ -226,19 +360,96 @@ def _ideal_ratio(m: dict[str, float]) -> float:
     return m["sync_timing/step_s"] / max(generate, train, 1e-9)
 
 
-def run(quick: bool) -> list[BenchResult]:
+def use_gpus() -> bool:
+    if os.environ.get("RLFLEET_BENCH_CPU") == "1":
+        return False
+    import torch
+
+    return torch.cuda.device_count() >= 2
+
+
+def build_gpu_model(out: Path, seed: int = 0) -> int:
+    """A randomly initialised SmolLM2-shaped Llama with the tiny model's tokenizer, saved
+    as a HF folder; returns its parameter count."""
     import torch
     from rlfleet_core.models import resolve_model
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    torch.set_num_threads(1)  # one thread each: the trainer here, the rollout process
-    model = resolve_model("tiny")
-    steps = 4 if quick else 12
-    cores = plan_cores()
+    tiny = resolve_model("tiny")
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    tiny_generation = GenerationConfig.from_pretrained(tiny)
+    config = LlamaConfig(
+        **SMOLLM2_SHAPE,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tiny_generation.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # init in seconds
+        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    tiny_generation.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def prepare(placement: Placement) -> None:
+    """Measure the longest templated prompt (the recipe's sequence limit follows)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(placement.model)
+    lengths = []
+    for row in prompts(placement.shape.prompt_repeats):
+        ids: Any = tokenizer.apply_chat_template(
+            row["responses_create_params"]["input"], add_generation_prompt=True, tokenize=True
+        )
+        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        lengths.append(len(ids))
+    placement.prompt_tokens = max(lengths)
+
+
+def run(quick: bool, gpu_shape: Shape = GPU_SHAPE, force_cpu: bool = False) -> list[BenchResult]:
+    import torch
+
+    gpu = not force_cpu and use_gpus()
     original = os.sched_getaffinity(0)
-    try:
-        measured = asyncio.run(_measure(model, steps, cores))
-    finally:
-        pin_this_process(original)
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-model-") as tmp:
+        extra: dict[str, Any] = {}
+        if gpu:
+            model = Path(tmp)
+            params = build_gpu_model(model)
+            placement = Placement(model, gpu_shape, gpu=True, steps=4 if quick else 10)
+            prepare(placement)
+            # torch.cuda.get_device_name(1) is GPU 1 here: the rollout's CUDA_VISIBLE_DEVICES=1
+            extra = {
+                "model": "random-init Llama, SmolLM2-135M shape (hidden 576, 30 layers, "
+                "9 heads, 3 KV heads, tied embeddings), tiny tokenizer vocab 512, "
+                f"{params / 1e6:.0f}M params",
+                "placement": "trainer cuda:0 (this process; fp32 weights, bf16 autocast); "
+                "rollout process CUDA_VISIBLE_DEVICES=1 (hf engine, bf16); reward double on CPU",
+                "gpus": [torch.cuda.get_device_name(i) for i in range(2)],
+                "weight_transport": gpu_shape.weight_transport,
+                "recipe": gpu_shape.describe(placement.prompt_tokens, "hf rollout engine"),
+                "max_num_seqs": gpu_shape.prompts * gpu_shape.generations,
+            }
+        else:
+            torch.set_num_threads(1)  # one thread each: the trainer here, the rollout process
+            placement = Placement(
+                resolve_tiny(), CPU_SHAPE, gpu=False, steps=4 if quick else 12, cores=plan_cores()
+            )
+            prepare(placement)
+            extra = {
+                "recipe": "tiny: 4 prompts x 4 generations, ~100-token prompts, 32 new tokens, hf rollout engine",
+                "pinning": placement.cores["pinning"],
+                "threads": "torch 1 (trainer), OMP_NUM_THREADS=1 (rollout, reward)",
+            }
+        try:
+            measured = asyncio.run(_measure(placement))
+        finally:
+            pin_this_process(original)
     load = os.getloadavg()
     return [
         BenchResult(
@@ -249,11 +460,9 @@ def run(quick: bool) -> list[BenchResult]:
             baseline=measured["sync_steps_per_hour"],
             target=1.5,
             extra={
-                "steps": steps,
+                "steps": placement.steps,
                 "warmup_steps": WARMUP_STEPS,
-                "recipe": "tiny: 4 prompts x 4 generations, ~100-token prompts, 32 new tokens, hf rollout engine",
-                "pinning": cores["pinning"],
-                "threads": "torch 1 (trainer), OMP_NUM_THREADS=1 (rollout, reward)",
+                **extra,
                 "load_average_1_5_15": [round(x, 2) for x in load],
                 "async_max_policy_lag": measured["async_max_lag"],
                 "sync_max_policy_lag": measured["sync_max_lag"],
@@ -266,6 +475,41 @@ def run(quick: bool) -> list[BenchResult]:
     ]
 
 
+def resolve_tiny() -> Path:
+    from rlfleet_core.models import resolve_model
+
+    return resolve_model("tiny")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=DESCRIPTION)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="CPU placement even with GPUs")
+    parser.add_argument("--record", type=Path, help="append results to DIR/grpo.jsonl")
+    for name in ("prompts", "generations", "prompt_repeats", "new_tokens"):
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=getattr(GPU_SHAPE, name)
+        )
+    parser.add_argument("--weight-transport", default=GPU_SHAPE.weight_transport)
+    args = parser.parse_args()
+    shape = dataclasses.replace(
+        GPU_SHAPE,
+        prompts=args.prompts,
+        generations=args.generations,
+        prompt_repeats=args.prompt_repeats,
+        new_tokens=args.new_tokens,
+        weight_transport=args.weight_transport,
+    )
+    results = run(quick=args.quick, gpu_shape=shape, force_cpu=args.cpu)
+    if args.record:
+        from rlfleet_core.bench import record
+
+        rows = record(results, args.record)
+    else:
+        rows = [r.to_json() for r in results]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+
+
 if __name__ == "__main__":
-    for result in run(quick="--quick" in sys.argv):
-        print(json.dumps(result.to_json()))
+    main()
