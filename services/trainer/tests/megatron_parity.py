@@ -1,9 +1,12 @@
 """Megatron vs torch parity probe (run by test_megatron.py; not a test module itself).
 
     torchrun --nproc_per_node 2 megatron_parity.py --tp 2 --out OUT MODEL_DIR [MODEL_DIR ...]
+    torchrun --nproc_per_node 4 megatron_parity.py --tp 2 --pp 2 --out OUT MODEL_DIR
 
 For each model: megatron logprobs on a fixed batch, one train step (loss, grad norm),
 logprobs after the step, and the HF state dict it publishes; rank 0 writes OUT/<i>.pt.
+With --save-load, each model's policy is also saved, reloaded into a fresh policy
+(`reloaded`: its logprobs) and loaded into one built at PP=1 (`mismatch`: the error).
 """
 
 from __future__ import annotations
@@ -54,16 +57,45 @@ def run_backend(policy: object, vocab: int) -> dict[str, object]:
     }
 
 
-def megatron_results(model: Path, tp: int) -> dict[str, object]:
+def megatron_policy(model: Path, tp: int, pp: int) -> object:
     from rlfleet_trainer.backends.megatron_backend import MegatronBackendConfig, MegatronPolicy
-    from transformers import AutoConfig
 
-    policy = MegatronPolicy(
+    # Micro-batches of 1 over 4 samples: the 1F1B schedule runs warm-up, steady state and
+    # cool-down (and micro-batches of different lengths) even at PP=2.
+    micro = 3 if pp == 1 else 1
+    return MegatronPolicy(
         MegatronBackendConfig(
-            model_path=model, tensor_parallel_size=tp, lr=1e-3, train_micro_batch_size=3
+            model_path=model,
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+            lr=1e-3,
+            train_micro_batch_size=micro,
+            logprob_micro_batch_size=micro,
         )
     )
-    return run_backend(policy, AutoConfig.from_pretrained(model).vocab_size)
+
+
+def megatron_results(model: Path, tp: int, pp: int = 1, ckpt: Path | None = None) -> dict:
+    import torch.distributed as dist
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    policy = megatron_policy(model, tp, pp)
+    results = run_backend(policy, vocab)
+    if ckpt is not None:
+        if dist.get_rank() == 0:
+            ckpt.mkdir(parents=True)
+        dist.barrier()
+        policy.save(ckpt)  # type: ignore[attr-defined]
+        fresh = megatron_policy(model, tp, pp)
+        fresh.load(ckpt)  # type: ignore[attr-defined]
+        results["reloaded"] = fresh.logprobs(parity_batch(vocab))  # type: ignore[attr-defined]
+        try:
+            megatron_policy(model, tp, 1).load(ckpt)  # type: ignore[attr-defined]
+            results["mismatch"] = None
+        except ValueError as exc:
+            results["mismatch"] = str(exc)
+    return results
 
 
 def main() -> None:
@@ -71,12 +103,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--save-load", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("models", nargs="+", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for i, model in enumerate(args.models):
-        results = megatron_results(model, args.tp)
+        ckpt = args.out / f"ckpt{i}" if args.save_load else None
+        results = megatron_results(model, args.tp, args.pp, ckpt)
         if dist.get_rank() == 0:
             torch.save(results, args.out / f"{i}.pt")
     dist.destroy_process_group()

@@ -14,9 +14,17 @@ Megatron names (local layer spec) and their HF sources, with the TP split of eac
     decoder.final_layernorm.weight               model.norm.weight                replicated
     output_layer.weight                          lm_head.weight                   rows (vocab)
 
-`hf_to_megatron(hf, dims, tp_rank, tp_size)` gives one rank's shard; `megatron_to_hf`
-takes the full (TP-gathered) Megatron tensors back to HF names. Both are pure functions
-over dicts of tensors, so the round trip is tested without a process group.
+Under pipeline parallelism each stage holds an even, contiguous share of the decoder layers
+(`stage_layers`, Megatron's default split), numbered from 0 in its own state dict; the
+embedding lives on the first stage, the final norm and output layer on the last. A tied
+embedding (SmolLM2, small Qwen2) also needs the last stage's copy: it is loaded from
+`model.embed_tokens` into that stage's `output_layer.weight` (the backend keeps the two
+copies equal by summing their gradients).
+
+`hf_to_megatron(hf, dims, tp_rank, tp_size, pp_rank, pp_size)` gives one rank's shard;
+`merge_pipeline_stages` joins the stages' TP-gathered states under global layer numbers and
+`megatron_to_hf` takes that full state back to HF names. All are pure functions over dicts
+of tensors, so the round trip is tested without a process group.
 """
 
 from __future__ import annotations
@@ -87,6 +95,17 @@ def partition_dim(megatron_name: str) -> int | None:
     return ROW
 
 
+def stage_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
+    """Global indices of the decoder layers held by pipeline stage `pp_rank`."""
+    if num_layers % pp_size:
+        raise ValueError(
+            f"policy.pipeline_parallel_size={pp_size} must divide the model's {num_layers} "
+            "decoder layers; pick a divisor of the layer count"
+        )
+    per_stage = num_layers // pp_size
+    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+
+
 def _pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: ModelDims) -> torch.Tensor:
     """[q heads of group g; k_g; v_g] for each group g, stacked along dim 0."""
     trailing = q.shape[1:]
@@ -111,9 +130,14 @@ def _unpack_qkv(
 
 
 def hf_to_megatron(
-    hf: dict[str, torch.Tensor], dims: ModelDims, tp_rank: int = 0, tp_size: int = 1
+    hf: dict[str, torch.Tensor],
+    dims: ModelDims,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    pp_rank: int = 0,
+    pp_size: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """One TP rank's Megatron state dict from a HF Llama/Qwen2 state dict."""
+    """One (TP rank, PP stage)'s Megatron state dict from a HF Llama/Qwen2 state dict."""
     if dims.num_query_groups % tp_size or dims.vocab_size % tp_size:
         raise ValueError(
             f"tensor_parallel_size {tp_size} must divide the key/value heads "
@@ -126,9 +150,14 @@ def hf_to_megatron(
             return tensor.clone()
         return tensor.chunk(tp_size, dim=dim)[tp_rank].clone()
 
-    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
-    for i in range(dims.num_layers):
-        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+    layers = stage_layers(dims.num_layers, pp_rank, pp_size)
+    is_first, is_last = pp_rank == 0, pp_rank == pp_size - 1
+    out = {}
+    if is_first:
+        out["embedding.word_embeddings.weight"] = hf["model.embed_tokens.weight"]
+    for local, i in enumerate(layers):
+        # A stage numbers its layers from 0 (Megatron adds the stage offset internally).
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{local}."
         attn = src + "self_attn."
         out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
         out[dst + "self_attention.linear_qkv.weight"] = _pack_qkv(
@@ -146,9 +175,12 @@ def hf_to_megatron(
             [gate.chunk(tp_size)[tp_rank], up.chunk(tp_size)[tp_rank]]
         )
         out[dst + "mlp.linear_fc2.weight"] = hf[src + "mlp.down_proj.weight"]
-    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
-    if not dims.tied_embeddings:
-        out["output_layer.weight"] = hf["lm_head.weight"]
+    if is_last:
+        out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+        if not dims.tied_embeddings:
+            out["output_layer.weight"] = hf["lm_head.weight"]
+        elif not is_first:
+            out["output_layer.weight"] = hf["model.embed_tokens.weight"]  # the tied copy
     return {
         name: t.clone() if name.endswith("linear_fc1.weight") else shard(name, t)
         for name, t in out.items()
@@ -161,8 +193,28 @@ def gather_fc1(shards: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([*gates, *ups])
 
 
+def merge_pipeline_stages(
+    stages: list[dict[str, torch.Tensor]], dims: ModelDims
+) -> dict[str, torch.Tensor]:
+    """The full Megatron state (global layer numbers) from every stage's TP-gathered state,
+    in stage order. The last stage's copy of a tied embedding is dropped: it equals the
+    first stage's word embedding, which is the one exported."""
+    full: dict[str, torch.Tensor] = {}
+    for pp_rank, stage in enumerate(stages):
+        offset = stage_layers(dims.num_layers, pp_rank, len(stages)).start
+        for name, tensor in stage.items():
+            if name.startswith("decoder.layers."):
+                local, rest = name.removeprefix("decoder.layers.").split(".", 1)
+                name = f"decoder.layers.{int(local) + offset}.{rest}"
+            elif name == "output_layer.weight" and dims.tied_embeddings:
+                continue
+            full[name] = tensor
+    return full
+
+
 def megatron_to_hf(full: dict[str, torch.Tensor], dims: ModelDims) -> dict[str, torch.Tensor]:
-    """HF names from full (TP-gathered; fc1 as [gate; up]) Megatron tensors."""
+    """HF names from full Megatron tensors (TP-gathered, fc1 as [gate; up]; every stage's
+    layers under global numbers, see `merge_pipeline_stages`)."""
     out = {"model.embed_tokens.weight": full["embedding.word_embeddings.weight"]}
     for i in range(dims.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
