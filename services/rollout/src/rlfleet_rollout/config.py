@@ -34,6 +34,9 @@ class EngineConfig(ConfigModel):
     """Engine seed (a request's own `seed` wins for that request)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf: where the model runs; auto = cuda when available."""
+    batch_wait_ms: float = Field(5.0, ge=0)
+    """hf: how long an idle engine waits for more requests before starting a batch (it
+    batches statically: a request arriving just after a batch starts waits for all of it)."""
 
 
 class RolloutServiceConfig(ServiceConfig):

@@ -387,8 +387,11 @@ class HfEngine:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stopping or (self._accepting and self._pending))
+                self._gather_pending()
                 if self._stopping:
                     return
+                if not (self._accepting and self._pending):  # paused or aborted meanwhile
+                    continue
                 batch = self._pending[: self.config.engine_config.max_num_seqs]
                 del self._pending[: len(batch)]
                 self._running = batch
@@ -404,6 +407,18 @@ class HfEngine:
                 with self._cond:
                     self._running = []
                     self._cond.notify_all()
+
+    def _gather_pending(self) -> None:
+        """Wait up to `batch_wait_ms` for a fuller batch (called holding `_cond`). Requests
+        sent together, such as a GRPO step's prompts, arrive milliseconds apart; without
+        the wait the first one decodes alone and the rest wait for that whole batch."""
+        limit = self.config.engine_config.max_num_seqs
+        deadline = time.monotonic() + self.config.engine_config.batch_wait_ms / 1000
+        while not self._stopping and len(self._pending) < limit:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
 
     def _emit(self, row: _Row) -> None:
         text = row.text
