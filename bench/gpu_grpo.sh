@@ -14,14 +14,7 @@
 # With no arguments it measures the default GPU shape (NCCL weights; grpc_stream if NCCL
 # fails) and, time allowing, a generation-heavier 16 x 16 shape.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/grpo/*.whl || exit 1
-for d in libs/* services/*; do  # dist-info so that importlib.metadata.version() finds the source-tree packages
-  n=$(sed -n 's/^name = "\(.*\)"/\1/p' $d/pyproject.toml | head -1); v=$(sed -n 's/^version = "\(.*\)"/\1/p' $d/pyproject.toml | head -1)
-  [ -n "$n" ] && mkdir -p /tmp/site/${n//-/_}-${v:-0.0.0}.dist-info && printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' $n ${v:-0.0.0} > /tmp/site/${n//-/_}-${v:-0.0.0}.dist-info/METADATA
-done
-ls -d /tmp/site/rlfleet*
-export PYTHONPATH=/tmp/site:$(ls -d $PWD/libs/*/src $PWD/services/*/src | tr '\n' ':')
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+source bench/gpu_env.sh .whl/grpo || exit 1
 nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm --format=csv | tee $OUT/gpus.txt
 nvidia-smi topo -m | tee -a $OUT/gpus.txt
 python3 -c "import grpc, pydantic, fastapi, uvicorn, torch, transformers; import rlfleet_rollout.service, rlfleet_trainer.run; print('grpc', grpc.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda devices', torch.cuda.device_count())" || exit 1
