@@ -108,6 +108,7 @@ class TorchPolicy:
         self.fsdp_enabled = config.fsdp if config.fsdp is not None else self.world_size > 1
         if self.fsdp_enabled:
             apply_fsdp(self.model)
+        self.grad_scale = float(self.world_size) if self.fsdp_enabled else 1.0
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
@@ -195,7 +196,10 @@ class TorchPolicy:
                 tokens,
                 sequences,
             )
-            out.loss.backward()  # type: ignore[no-untyped-call]
+            # FSDP averages gradients over ranks; the loss is already divided by the
+            # *global* token count, so ranks' gradients must add up: scale by the world
+            # size (a divide factor of 1 needs PREMUL_SUM, which gloo lacks).
+            (out.loss * self.grad_scale).backward()  # type: ignore[no-untyped-call]
             for key, value in out.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
         metrics["grad_norm"] = self._clip_and_step()
