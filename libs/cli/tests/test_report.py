@@ -39,12 +39,15 @@ def test_report_files(tmp_path: Path) -> None:
             wall_s=60,
             metrics_path=str(metrics),
         ),
-        StageResult("rlvr2", 0.45, 0.5, steps=3),
+        StageResult("rlvr2", 0.45, 0.5, {"code": 0.3}, {"code": 0.6}, steps=3),
     ]
     report = write_report(tmp_path, stages)
     text = report.read_text()
     assert "| rlvr1 | 5 | 0.200 | 0.450 | +0.250 | 60 s |" in text
-    assert "0.10 → 0.40" in text
+    # One column per environment; a stage without it shows a dash, not "nan".
+    assert "| rlvr1 | — | 0.10 → 0.40 |" in text
+    assert "| rlvr2 | 0.30 → 0.60 | — |" in text
+    assert "nan" not in text
     data = json.loads((tmp_path / "report.json").read_text())
     assert [
         (s["stage"], s["heldout_reward_before"], s["heldout_reward_after"]) for s in data["stages"]

@@ -116,8 +116,9 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
         ]
         for s in stages:
             cells = [
-                f"{s.heldout_by_env_before.get(e, float('nan')):.2f} → "
-                f"{s.heldout_by_env_after.get(e, float('nan')):.2f}"
+                f"{_cell(s.heldout_by_env_before.get(e))} → {_cell(s.heldout_by_env_after.get(e))}"
+                if e in s.heldout_by_env_before or e in s.heldout_by_env_after
+                else "—"  # the stage's blend has no such environment
                 for e in envs
             ]
             lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
@@ -130,3 +131,7 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     report = run_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
