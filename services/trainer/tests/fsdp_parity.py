@@ -1,6 +1,8 @@
 """FSDP2 probe (run by test_torch_backend.py under torchrun; not a test module itself).
 
     torchrun --nproc_per_node 2 fsdp_parity.py --out OUT MODEL_DIR
+    torchrun --nproc_per_node 2 fsdp_parity.py --device cuda --out OUT MODEL_DIR   (NCCL)
+    python fsdp_parity.py --device cuda --plain --out OUT MODEL_DIR   (the reference)
 
 Every rank trains one step on its half of a fixed batch with the torch backend sharded by
 FSDP2 (loss normalised by the global token count); rank 0 writes OUT/fsdp.pt with the
@@ -11,6 +13,7 @@ process training on the whole batch.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -39,27 +42,39 @@ def fixed_batch() -> TrainBatch:
     return build_train_batch(trajs, torch.ones(4))
 
 
-def policy(model: Path) -> TorchPolicy:
+def policy(model: Path, device: str = "cpu") -> TorchPolicy:
     torch.manual_seed(0)
-    return TorchPolicy(
-        TorchBackendConfig(model_path=model, lr=1e-3, max_grad_norm=None, device="cpu")
+    config = TorchBackendConfig(
+        model_path=model, lr=1e-3, max_grad_norm=None, device=device, dtype="float32"
     )
+    return TorchPolicy(config)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--plain", action="store_true", help="one process, whole batch")
     parser.add_argument("model", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if args.plain:
+        plain = policy(args.model, args.device)
+        metrics = plain.train_step(fixed_batch(), LOSS)
+        state = dict(plain.hf_state_dict())
+        result = {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "state": state}
+        torch.save(result, args.out / "plain.pt")
+        return
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = fixed_batch()
     share = batch.size // world
     mine = batch.slice(rank * share, (rank + 1) * share)
-    sharded = policy(args.model)
+    sharded = policy(args.model, args.device)
     metrics = sharded.train_step(mine, LOSS)
-    loss = torch.tensor([metrics["loss"]], dtype=torch.float64)
+    loss = torch.tensor([metrics["loss"]], dtype=torch.float64, device=sharded.device)
     dist.all_reduce(loss)
     state = dict(sharded.hf_state_dict())  # collective: every rank gathers
     if rank == 0:

@@ -166,7 +166,9 @@ class TorchPolicy:
 
     def _global_counts(self, batch: TrainBatch) -> tuple[float, float]:
         counts = torch.tensor(
-            [batch.global_valid_tokens(), batch.global_valid_sequences()], dtype=torch.float64
+            [batch.global_valid_tokens(), batch.global_valid_sequences()],
+            dtype=torch.float64,
+            device=self.device,  # NCCL reduces device tensors only
         )
         if self.world_size > 1:
             # Each rank holds its slice of the global batch; the normaliser is global.
