@@ -22,9 +22,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+from rlfleet_core.bench import BenchResult
 
+DESCRIPTION = "megatron backend on 2 GPUs (NCCL): TP=2 and PP=2 vs TP=1 PP=1, same probe"
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "services/trainer/tests/megatron_parity.py"
 LAYOUTS = {"tp1pp1": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2)}  # procs, tp, pp
@@ -33,7 +36,7 @@ LAYOUTS = {"tp1pp1": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2)}  # procs, tp
 def make_models(root: Path) -> list[Path]:
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=512,
         hidden_size=256,
         intermediate_size=512,
@@ -49,7 +52,7 @@ def make_models(root: Path) -> list[Path]:
     paths = []
     for name, config in configs.items():
         torch.manual_seed(1)
-        AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
+        AutoModelForCausalLM.from_config(config).save_pretrained(root / name)  # type: ignore[no-untyped-call]
         paths.append(root / name)
     return paths
 
@@ -67,7 +70,7 @@ def run_layout(name: str, models: list[Path], out: Path) -> float:
     return time.monotonic() - started
 
 
-def compare(ref: dict, got: dict) -> dict[str, float]:
+def compare(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, float]:
     mask = ref["mask"] > 0
     state_gap = max(
         float((got["state"][k].float() - v.float()).abs().max())
@@ -86,8 +89,8 @@ def compare(ref: dict, got: dict) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    out = Path(os.environ.get("OUT", "bench/results"))
+def measure(out: Path) -> list[dict[str, Any]]:
+    """Runs the three layouts; one line per (model, layout other than the reference)."""
     work = out / "megatron-work"
     models = make_models(work / "models")
     seconds = {name: run_layout(name, models, work) for name in LAYOUTS}
@@ -114,6 +117,33 @@ def main() -> None:
                     "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 }
             )
+    return lines
+
+
+def run(quick: bool = False) -> list[BenchResult]:
+    """For `rlfleet bench gpu-megatron`: the loss of each layout against TP=1 PP=1's (ratio
+    ~1 is the point; every other number is in `extra`)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = measure(Path(tmp))
+    return [
+        BenchResult(
+            name="gpu-megatron",
+            metric=f"loss_{line['layout']}_{line['model']}",
+            value=line["loss"],
+            unit="loss",
+            baseline=line["loss_ref"],
+            device=line["device"],
+            extra={k: v for k, v in line.items() if k not in ("name", "device")},
+        )
+        for line in lines
+    ]
+
+
+def main() -> None:
+    out = Path(os.environ.get("OUT", "bench/results"))
+    lines = measure(out)
     with (out / "megatron-gpu.jsonl").open("a") as f:
         f.writelines(json.dumps(line) + "\n" for line in lines)
     for line in lines:

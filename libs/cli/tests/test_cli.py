@@ -121,8 +121,11 @@ def test_bench_records_json_lines(tmp_path: Path) -> None:
 def test_bench_finds_the_repository_bench_folder() -> None:
     repo = Path(__file__).resolve().parents[3]
     result = rlfleet("bench", cwd=repo / "libs")
-    assert result.returncode == 0
-    assert "grpc-overhead" in result.stdout
+    assert result.returncode == 0, result.stderr
+    # Listing loads every module (for its DESCRIPTION): each one must import and be listed.
+    listed = {line.split()[0] for line in result.stdout.splitlines() if line.strip()}
+    on_disk = {p.stem.replace("_", "-") for p in (repo / "bench").glob("*.py")}
+    assert on_disk <= listed and {"grpo", "grpc-overhead"} <= listed, result.stdout
 
 
 def test_reward_score_prints_json_and_names_bad_flags() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -51,6 +52,8 @@ def load_benchmark(name: str, bench_dir: Path) -> ModuleType:
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: dataclasses (and pickling) look a module up by name.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     if not callable(getattr(module, "run", None)):
         raise BenchNotFound(f"{available[name]} defines no run(quick) function")
