@@ -149,7 +149,11 @@ async def scenario() -> None:
 
         with pytest.raises(aio.AioRpcError) as info:
             await stub.StreamWeights(source(), timeout=60)
-        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        refused = info.value
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION, (
+            refused.code(),
+            refused.details(),
+        )
         await asyncio.sleep(0.6)  # one status poll
         status = await stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30)
         assert status.num_replicas == 2
