@@ -18,28 +18,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from megatron_parity import parity_batch  # this folder: on sys.path as the script's own
 from rlfleet_trainer.algorithms import LossConfig
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
-from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
+from rlfleet_trainer.batch import TrainBatch
 
 LOSS = LossConfig(importance_sampling="tis")
 
 
 def fixed_batch() -> TrainBatch:
-    gen = torch.Generator().manual_seed(3)
-    trajs = [
-        Trajectory(
-            prompt_id=f"p{i // 2}",
-            sample_index=i % 2,
-            prompt_token_ids=torch.randint(3, 512, (3 + i,), generator=gen).tolist(),
-            token_ids=torch.randint(3, 512, (2 + 3 * i,), generator=gen).tolist(),
-            generation_logprobs=[-6.2] * (2 + 3 * i),
-            truncated=False,
-            advantage=[1.0, -1.0, 0.5, -0.5][i],
-        )
-        for i in range(4)
-    ]
-    return build_train_batch(trajs, torch.ones(4))
+    return parity_batch(vocab=512)  # the megatron probe's batch, over the tiny model's vocab
 
 
 def policy(model: Path, device: str = "cpu") -> TorchPolicy:
