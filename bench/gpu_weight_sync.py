@@ -1,5 +1,5 @@
 """Trainer → rollout weight broadcast over NCCL between two GPUs: rlfleet's weight path
-(`rlfleet_core.weights`: bucket plan, double-buffered pack/broadcast, receive straight into
+(`rlfleet_weights.buckets`: bucket plan, double-buffered pack/broadcast, receive straight into
 the live model's parameters) against a bare ProcessGroupNCCL broadcast of the same bucket
 sizes between preallocated buffers, in the same run. Target: >= 0.8x the bare broadcast.
 
@@ -67,7 +67,7 @@ def build_model(name: str, device: torch.device) -> torch.nn.Module:
 
 
 def worker(rank: int, port: int, models: list[str], repeats: int, bucket_bytes: int, queue) -> None:  # type: ignore[no-untyped-def]
-    from rlfleet_core.weights import (
+    from rlfleet_weights.buckets import (
         GroupSpec,
         WeightGroup,
         plan_buckets,

@@ -188,8 +188,8 @@ PROMPTS = prompts(CPU_SHAPE.prompt_repeats)
 
 
 def _recipe(placement: Placement, rollout: str, reward: str, age: int, steps: int) -> object:
+    from rlfleet_contracts.recipe import RecipeConfig
     from rlfleet_core.config import load_config
-    from rlfleet_core.recipe import RecipeConfig
 
     shape = placement.shape
     return load_config(

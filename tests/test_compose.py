@@ -44,7 +44,7 @@ COMPOSE_FILE = REPO / "deploy/compose/compose.yaml"
 SERVICES = ("sandbox", "reward", "swe-runner")
 """Services the `stack` fixture brings up (the RLVR stage test brings up its own)."""
 STAGE_SERVICES = ("sandbox", "reward", "rollout")
-"""What `rlfleet rl rlvr --run compose` starts (rlfleet_cli.stage.SERVICES_FOR_STAGE)."""
+"""What `rlfleet rl rlvr --run compose` starts (rlfleet_pipeline.stage.SERVICES_FOR_STAGE)."""
 # compose.yaml's published-port variables, per service: (gRPC, HTTP or None).
 PORT_VARS = {
     "sandbox": ("SANDBOX_PORT", "SANDBOX_HTTP_PORT"),
@@ -207,8 +207,8 @@ def _rl(workdir: Path, env: Mapping[str, str], *args: str) -> subprocess.Complet
 
 
 def _verify_ledger(run_dir: Path) -> dict[str, int]:
+    from rlfleet_contracts.recipe import RecipeConfig
     from rlfleet_core.config import load_config
-    from rlfleet_core.recipe import RecipeConfig
     from rlfleet_trainer.ledger import Ledger, verify_ledger
     from rlfleet_trainer.run import build_context
 

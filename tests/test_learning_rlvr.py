@@ -44,7 +44,7 @@ SAMPLES = 4
 def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from rlfleet_cli.pipeline import TINY, RunSpec, run_pipeline
+    from rlfleet_pipeline.pipeline import TINY, RunSpec, run_pipeline
 
     one_stage = replace(TINY, stages=TINY.stages[:1])
     overrides = [

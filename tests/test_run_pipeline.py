@@ -53,7 +53,7 @@ def _wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen[byt
 
 def _ledger_counts(stage_dir: Path) -> dict[str, int]:
     """Every prompt the stage issued is in its ledger exactly once."""
-    from rlfleet_cli.recipes import load_recipe
+    from rlfleet_pipeline.recipes import load_recipe
     from rlfleet_trainer.ledger import Ledger, verify_ledger
     from rlfleet_trainer.run import build_context
 

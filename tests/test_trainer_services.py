@@ -93,8 +93,8 @@ def _rows(count: int = 10) -> list[dict[str, object]]:
 
 
 def _recipe(model: Path, rollout: str, reward: str, *extra: str):  # type: ignore[no-untyped-def]
+    from rlfleet_contracts.recipe import RecipeConfig
     from rlfleet_core.config import load_config
-    from rlfleet_core.recipe import RecipeConfig
 
     return load_config(
         RecipeConfig,

@@ -21,6 +21,8 @@ services=("${@:-${all[@]}}")
 
 declare -A package=([trainer]=rlfleet-trainer [rollout]=rlfleet-rollout [reward]=rlfleet-reward
                     [sandbox]=rlfleet-sandbox [swe-runner]=rlfleet-swe)
+# The workspace libraries each service imports besides rlfleet-proto and rlfleet-core.
+declare -A libs=([trainer]="rlfleet-contracts rlfleet-weights" [rollout]="rlfleet-weights")
 links="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
 
 for service in "${services[@]}"; do
@@ -29,7 +31,7 @@ for service in "${services[@]}"; do
   ctx=$(mktemp -d)
   trap 'rm -rf "$ctx"' EXIT
   mkdir -p "$ctx/wheels" "$ctx/rlfleet"
-  for member in rlfleet-proto rlfleet-core "$pkg"; do
+  for member in rlfleet-proto rlfleet-core ${libs[$service]:-} "$pkg"; do
     uv build --quiet --wheel --package "$member" -o "$ctx/rlfleet"
   done
   # --no-header: the header names the (random) output path, which would defeat the layer cache.

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 from pydantic import Field
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import ConfigError, ConfigModel, load_config, parse_overrides
-from rlfleet_core.recipe import RecipeConfig
 
 
 class Inner(ConfigModel):

@@ -24,9 +24,15 @@ from grpc import aio
 from rlfleet_core.client import connect
 from rlfleet_core.models import resolve_model
 from rlfleet_core.testing import running_service
-from rlfleet_core.weights import GroupSpec, WeightGroup, iter_weight_chunks, send_weights, specs_of
 from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.service import SERVICE
+from rlfleet_weights.buckets import (
+    GroupSpec,
+    WeightGroup,
+    iter_weight_chunks,
+    send_weights,
+    specs_of,
+)
 from transformers import AutoModelForCausalLM
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Bucket plans and the gRPC-stream framing of weights (rlfleet_core.weights), and a
+"""Bucket plans and the gRPC-stream framing of weights (rlfleet_weights.buckets), and a
 gloo broadcast between two processes through a group built from a TCPStore."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlfleet_core.weights import (
+from rlfleet_proto.v1 import rollout_pb2
+from rlfleet_weights.buckets import (
     GroupSpec,
     WeightAssembler,
     WeightGroup,
@@ -19,7 +20,6 @@ from rlfleet_core.weights import (
     send_weights,
     specs_of,
 )
-from rlfleet_proto.v1 import rollout_pb2
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -86,7 +86,7 @@ def _free_port() -> int:
 
 _RECEIVER = """
 import sys, torch
-from rlfleet_core.weights import GroupSpec, WeightGroup, plan_buckets, receive_weights, specs_of
+from rlfleet_weights.buckets import GroupSpec, WeightGroup, plan_buckets, receive_weights, specs_of
 from rlfleet_proto.v1 import rollout_pb2
 port, out = int(sys.argv[1]), sys.argv[2]
 header = rollout_pb2.UpdateWeightsRequest.FromString(open(out + ".header", "rb").read())

@@ -1,4 +1,4 @@
-"""The trainer reads blends the way data prep writes them (rlfleet_core.data)."""
+"""The trainer reads blends the way data prep writes them (rlfleet_contracts.rows)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from rlfleet_core.data import DataError
+from rlfleet_contracts.rows import DataError
 from rlfleet_trainer.data import read_rows, row_env, row_messages
 
 

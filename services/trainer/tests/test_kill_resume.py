@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import load_config
-from rlfleet_core.recipe import RecipeConfig
 from rlfleet_trainer.checkpoint import list_checkpoints
 from rlfleet_trainer.data import PromptSource
 from rlfleet_trainer.ledger import Ledger, verify_ledger

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import load_config
-from rlfleet_core.recipe import RecipeConfig
 from rlfleet_trainer.checkpoint import list_checkpoints
 from rlfleet_trainer.ledger import Ledger, verify_ledger
 from rlfleet_trainer.run import build_context, run_stage

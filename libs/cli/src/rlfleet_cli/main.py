@@ -20,13 +20,13 @@ from rich.table import Table
 from rlfleet_core.bench import record
 from rlfleet_core.config import ConfigError, dump_yaml
 from rlfleet_core.server import load_service_config, package_version, run_service_blocking
+from rlfleet_pipeline.fleet import FleetError
+from rlfleet_pipeline.services import KNOWN_SERVICES, ServiceNotFound, get_service
 
 from rlfleet_cli.bench import BenchNotFound, find_bench_dir, list_benchmarks, load_benchmark
-from rlfleet_cli.fleet import FleetError
-from rlfleet_cli.services import KNOWN_SERVICES, ServiceNotFound, get_service
 
 if TYPE_CHECKING:
-    from rlfleet_cli.pipeline import StageProgress
+    from rlfleet_pipeline.pipeline import StageProgress
 
 app = typer.Typer(
     name="rlfleet",
@@ -130,7 +130,7 @@ def up(
     running until Ctrl-C (then stop them gracefully)."""
     import threading
 
-    from rlfleet_cli.fleet import FleetError, LocalFleet
+    from rlfleet_pipeline.fleet import FleetError, LocalFleet
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # explicit: SIGINT may arrive ignored
@@ -191,7 +191,7 @@ def run(
     each stage. KEY=VALUE overrides apply to every stage's recipe (e.g. grpo.max_num_steps=4).
     Ctrl-C stops cleanly; `rlfleet run --resume --out DIR` continues.
     """
-    from rlfleet_cli.pipeline import PipelineError, RunSpec, run_pipeline
+    from rlfleet_pipeline.pipeline import PipelineError, RunSpec, run_pipeline
 
     if engine not in ("vllm", "hf"):
         raise fail(f"--engine: expected vllm or hf, got {engine!r}")
@@ -348,10 +348,9 @@ def prep_rl(
     model first (see the Curriculum options); train on the result with data.shuffle=false
     to keep its easiest-first order."""
     from rich.progress import Progress
-    from rlfleet_core.data import DataError
-
-    from rlfleet_cli.curriculum import CurriculumOptions, curriculum_services
-    from rlfleet_cli.data_prep import CurriculumPass, PrepOptions, prepare_rl
+    from rlfleet_contracts.rows import DataError
+    from rlfleet_dataprep.curriculum import CurriculumOptions, curriculum_services
+    from rlfleet_dataprep.prep import CurriculumPass, PrepOptions, prepare_rl
 
     if reasoning not in ("keep", "on", "off"):
         raise fail(f"--reasoning: expected keep, on or off, got {reasoning!r}")
@@ -498,10 +497,9 @@ def rl(
     brings them down again (see docs/containers.md).
     """
     from rich.markup import escape
-
-    from rlfleet_cli.launch.profiles import ComposeProfile, LocalProfile, load_profile
-    from rlfleet_cli.recipes import load_recipe
-    from rlfleet_cli.stage import (
+    from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, load_profile
+    from rlfleet_pipeline.recipes import load_recipe
+    from rlfleet_pipeline.stage import (
         ComposeError,
         StageError,
         check_stage,

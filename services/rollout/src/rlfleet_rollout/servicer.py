@@ -9,8 +9,8 @@ from typing import Any
 from grpc import aio
 from rlfleet_core.errors import FailedPrecondition, InvalidArgument
 from rlfleet_core.server import package_version
-from rlfleet_core.weights import WeightAssembler, plan_buckets
 from rlfleet_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from rlfleet_weights.buckets import WeightAssembler, plan_buckets
 
 from rlfleet_rollout import metrics
 from rlfleet_rollout.config import RolloutServiceConfig

@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import ConfigError, load_config
 from rlfleet_core.logs import setup_logging
-from rlfleet_core.recipe import RecipeConfig
 from rlfleet_core.server import service_main
 
 from rlfleet_trainer.service import SERVICE

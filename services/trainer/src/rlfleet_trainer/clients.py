@@ -75,7 +75,7 @@ class RolloutClient:
         # grpc's stub types describe the blocking API; the aio stub is used untyped.
         self._stub: Any = None
         self.group: Any = None
-        """The weight group (rlfleet_core.weights.WeightGroup) once formed."""
+        """The weight group (rlfleet_weights.buckets.WeightGroup) once formed."""
         self.transport = rollout_pb2.WEIGHT_TRANSPORT_UNSPECIFIED
         self.recompute_kv_cache = False
         """Sent with every update (grpo.recompute_kv_cache_after_weight_updates)."""
@@ -142,8 +142,8 @@ class RolloutClient:
         self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]
     ) -> rollout_pb2.UpdateWeightsResponse:
         """StreamWeights: a header with every tensor's spec, then raw chunks in order
-        (rlfleet_core.weights' wire layout, which the rollout's assembler checks)."""
-        from rlfleet_core.weights import iter_weight_chunks
+        (rlfleet_weights.buckets' wire layout, which the rollout's assembler checks)."""
+        from rlfleet_weights.buckets import iter_weight_chunks
 
         state = {name: t.detach().cpu().contiguous() for name, t in tensors}
         header = rollout_pb2.UpdateWeightsRequest(
@@ -166,7 +166,7 @@ class RolloutClient:
         side of the rendezvous run concurrently (each blocks until the other joins)."""
         import socket
 
-        from rlfleet_core.weights import GroupSpec, WeightGroup
+        from rlfleet_weights.buckets import GroupSpec, WeightGroup
 
         status = await self.stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30.0)
         workers = max(int(status.num_replicas), 1)
@@ -196,7 +196,7 @@ class RolloutClient:
         self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]
     ) -> rollout_pb2.UpdateWeightsResponse:
         """UpdateWeights(GLOO/NCCL) with the tensor list; the buckets go by broadcast."""
-        from rlfleet_core.weights import send_weights, specs_of
+        from rlfleet_weights.buckets import send_weights, specs_of
 
         state = {name: t.detach().contiguous() for name, t in tensors}
         request = rollout_pb2.UpdateWeightsRequest(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlfleet_core.data import env_of, prompt_messages, read_blend
+from rlfleet_contracts.rows import env_of, prompt_messages, read_blend
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlfleet_core.recipe import RecipeConfig
+from rlfleet_contracts.recipe import RecipeConfig
 
 from rlfleet_trainer.algorithms import LossConfig
 from rlfleet_trainer.backends.base import PolicyBackend

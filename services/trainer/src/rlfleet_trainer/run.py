@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from rlfleet_core.recipe import RecipeConfig
+from rlfleet_contracts.recipe import RecipeConfig
 
 from rlfleet_trainer.backends.base import PolicyBackend
 from rlfleet_trainer.checkpoint import TrainerState, latest_checkpoint

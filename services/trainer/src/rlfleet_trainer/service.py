@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from grpc import aio
 from pydantic import Field
-from rlfleet_core.recipe import RecipeConfig
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition, package_version
 from rlfleet_proto import TRAINER_SERVICE
 from rlfleet_proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc

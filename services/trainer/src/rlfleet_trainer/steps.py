@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from rlfleet_core.recipe import RecipeConfig
+from rlfleet_contracts.recipe import RecipeConfig
 
 from rlfleet_trainer.algorithms import (
     REWARD_TIE,

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from rlfleet_core.errors import InvalidArgument
-from rlfleet_core.weights import (
+from rlfleet_weights.buckets import (
     GroupSpec,
     WeightGroup,
     copy_into,

@@ -1,0 +1,341 @@
+"""The schema of a stage recipe (YAML under recipes/), shared by the CLI and the trainer.
+
+Defaults live here and only here; recipe files state overrides. Cross-field rules are
+checked at load time with messages that name the fields and the fix.
+
+Sections: `grpo` (the algorithm), `generation` (sampling on the rollout service), `policy`
+(model, backend, optimizer, parallelism), `data` (prompt rows), `services` (where rollout
+and reward live, how weights travel), `checkpoint` (where and how often).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from rlfleet_core.config import ConfigModel
+
+
+class GRPOConfig(ConfigModel):
+    """Group Relative Policy Optimization (Shao et al., 2024), as run by NeMo-RL."""
+
+    num_prompts_per_step: int = Field(8, ge=1)
+    """Prompt groups per optimizer step."""
+    num_generations_per_prompt: int = Field(4, ge=2)
+    """Samples per prompt (G); advantages are relative within a group, so G >= 2."""
+    max_num_steps: int = Field(10, ge=1)
+    """Optimizer steps in this stage."""
+    lr: float = Field(1e-6, gt=0, lt=1)
+    """Learning rate of the policy optimizer (AdamW)."""
+    seed: int = 42
+    """Seeds data order, sampling and initialisation."""
+
+    # --- advantages -----------------------------------------------------------------------
+    normalize_rewards: bool = True
+    """Divide advantages by the leave-one-out std of the group's rewards (Bessel-corrected;
+    a group member whose others all agree keeps its unnormalised advantage)."""
+    use_leave_one_out_baseline: bool = True
+    """Baseline = mean of the other G-1 rewards (RLOO) instead of the group mean."""
+    advantage_clip: float | None = Field(None, gt=0)
+    """Clip advantages to [-c, c] (Super uses 50); None = off."""
+
+    # --- clipped loss ---------------------------------------------------------------------
+    ratio_clip_min: float = Field(0.2, ge=0, lt=1)
+    """Lower PPO clip epsilon: ratio >= 1 - ratio_clip_min."""
+    ratio_clip_max: float = Field(0.28, ge=0)
+    """Upper PPO clip epsilon (clip-higher, DAPO recommends 0.28)."""
+    ratio_clip_c: float | None = Field(None, gt=1)
+    """Dual-clip constant c > 1 (Ye et al. 2020): for A < 0 the loss is at most -A·c.
+    None = off (NeMo-RL default)."""
+    loss_level: Literal["token", "sequence"] = "token"
+    """`token`: masked sum / valid tokens of the global batch (DAPO, NeMo-RL default);
+    `sequence`: per-sequence token mean / valid sequences (original GRPO)."""
+    sequence_level_importance_ratios: bool = False
+    """GSPO (Zheng et al. 2025): one ratio per sequence, exp(mean_t log-ratio). Requires
+    loss_level=sequence."""
+    force_on_policy_ratio: bool = False
+    """Use π_prev = π_θ.detach() (ratio exactly 1) and skip the extra logprob pass; valid
+    because each rollout batch gives exactly one optimizer update here (Super: 256×16 =
+    4096 = global batch)."""
+
+    # --- KL -------------------------------------------------------------------------------
+    kl_coef: float = Field(0.0, ge=0)
+    """KL penalty coefficient against the frozen reference policy (0 in RLVR and SWE, 1e-4
+    in RLHF). > 0 keeps a frozen copy of the initial policy to score reference logprobs."""
+    kl_type: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman's k1/k2/k3)."""
+    kl_input_clamp: float | None = Field(20.0, gt=0)
+    """Clamp of log(π_ref/π_θ) before the estimator; None = off."""
+    kl_output_clamp: float | None = Field(10.0, gt=0)
+    """Clamp of the per-token KL estimate; None = off."""
+    use_on_policy_kl_approximation: bool = False
+    """Weight the KL term by exp(log π_θ − log π_gen) (detached) so it estimates the KL
+    under the current policy rather than the sampler's."""
+
+    # --- train/inference mismatch ---------------------------------------------------------
+    importance_sampling: Literal["none", "tis", "icepop", "seq-mask-tis"] = "tis"
+    """Correction w = exp(log π_prev − log π_gen) on each token: `tis` clamps w to
+    [0, max]; `icepop` zeroes tokens with w outside [min, max]; `seq-mask-tis` drops whole
+    sequences whose geometric-mean w is outside [min, max]; `none` = off."""
+    importance_weight_min: float = Field(0.0, ge=0)
+    """Lower bound of w for icepop / seq-mask-tis."""
+    importance_weight_max: float = Field(5.0, gt=0)
+    """Upper bound of w (Super: 5)."""
+    seq_logprob_error_threshold: float | None = Field(None, ge=1)
+    """Mask a whole sample when mean_t exp|log π_gen − log π_prev| exceeds this (2 in
+    Nano/Super); None = off."""
+
+    # --- sample filters -------------------------------------------------------------------
+    overlong_filtering: bool = False
+    """Truncated samples (no EOS within the length limit) get loss weight 0."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal (no learning signal); counted."""
+
+    # --- async ----------------------------------------------------------------------------
+    max_trajectory_age_steps: int = Field(1, ge=0)
+    """Async GRPO: samples older than this many weight versions are dropped; 0 = synchronous."""
+    in_flight_weight_updates: bool = True
+    """Update rollout weights while requests are in flight (async only)."""
+    recompute_kv_cache_after_weight_updates: bool = False
+    """Ask the rollout to recompute the KV cache of requests in flight after a weight
+    update instead of keeping it (NeMo-RL default: keep)."""
+    max_generation_failures: int = Field(8, ge=0)
+    """Failed Generate/ScoreGroup calls (after retries) tolerated per run before it stops;
+    each failed prompt is dropped with reason `generation_failed` / `reward_failed`."""
+    val_every_steps: int = Field(0, ge=0)
+    """Held-out reward every N steps; 0 = off."""
+    val_at_start: bool = False
+    """Held-out reward of the starting weights, before the first step (NeMo-RL's name);
+    written to `heldout.json` as `before`, kept across --resume."""
+    val_at_end: bool = False
+    """Held-out reward of the final weights, written to `heldout.json` as `after`."""
+    num_val_prompts: int = Field(16, ge=1)
+    """Held-out prompts per validation."""
+    val_temperature: float = Field(0.0, ge=0)
+    """Sampling temperature of validation: 0 = greedy; the training temperature measures
+    the policy as it samples (what GRPO optimises)."""
+    val_samples_per_prompt: int = Field(1, ge=1)
+    """Samples per held-out prompt (their mean is the prompt's reward)."""
+
+    @property
+    def async_enabled(self) -> bool:
+        return self.max_trajectory_age_steps > 0
+
+
+class GenerationConfig(ConfigModel):
+    """Sampling on the rollout service (vLLM semantics)."""
+
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature; 0 = greedy. GRPO needs > 0 for diverse groups."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling; 1 = off. Anything but 1 biases π_gen away from π_θ."""
+    top_k: int = Field(0, ge=-1)
+    """Top-k sampling; 0 or -1 = off."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Generated tokens per sample; hitting it means truncation (finish reason `length`)."""
+    logprobs_mode: Literal["raw", "processed"] = "raw"
+    """What the rollout's per-token logprobs are, so the trainer scores the same thing:
+    `raw` = log-softmax of the logits before temperature (rlfleet's engines, vLLM's
+    raw_logprobs); `processed` = after temperature scaling (the trainer then divides its
+    logits by the temperature, as NeMo-RL does)."""
+
+
+class OptimizerConfig(ConfigModel):
+    """AdamW of the policy (the learning rate is `grpo.lr`)."""
+
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this; None = off."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up of the learning rate over this many optimizer steps."""
+
+
+class PolicyConfig(ConfigModel):
+    model: str = "smollm2-135m-instruct"
+    """A local HF folder or a bundled model name (smollm2-135m-instruct, tiny)."""
+    backend: Literal["torch", "megatron"] = "torch"
+    """`torch`: HF transformers model (CPU, one GPU, FSDP2 for several); `megatron`:
+    megatron-core GPTModel with TP/PP/CP/EP."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Parameter/compute dtype: auto = bfloat16 on GPU, float32 on CPU."""
+    max_total_sequence_length: int = Field(1024, ge=16)
+    """Prompt + generation tokens per sample."""
+    train_micro_batch_size: int = Field(4, ge=1)
+    """Samples per forward/backward; gradients accumulate to the global batch
+    (num_prompts_per_step × num_generations_per_prompt samples per optimizer step)."""
+    logprob_micro_batch_size: int = Field(8, ge=1)
+    """Samples per no-grad forward when scoring prev/reference logprobs."""
+    train_top_layers: int | None = Field(None, ge=1)
+    """Train only the top N decoder layers and the final norm, freezing the embeddings,
+    LM head and lower layers (backward stops at layer −N): a compute budget knob for CPU
+    runs and quick experiments (torch backend). None = train the whole model."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    context_parallel_size: int = Field(1, ge=1)
+    expert_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    """torch backend: FSDP2 shards over this many ranks (launch with torchrun)."""
+    activation_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    optimizer: OptimizerConfig = OptimizerConfig()
+
+
+class DataConfig(ConfigModel):
+    """Prompt rows (JSONL, NeMo-Gym shape: `responses_create_params.input` messages, an
+    environment name in `env` or `agent_ref.name`, and the env's verification fields)."""
+
+    train_path: str | None = None
+    """Training rows; None = the caller supplies rows (tests, the embedded pipeline)."""
+    val_path: str | None = None
+    """Held-out rows for validation."""
+    default_env: str = "math"
+    """Environment for rows that name none."""
+    shuffle: bool = True
+    """Shuffle rows each epoch (seeded by grpo.seed + epoch, so a resume sees the same order)."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Rows whose templated prompt is longer are dropped with reason `prompt_too_long`;
+    None = max_total_sequence_length − generation.max_new_tokens."""
+
+
+class ServicesConfig(ConfigModel):
+    """Where the trainer's peers are and how it talks to them."""
+
+    rollout: str = "127.0.0.1:50061"
+    """Rollout service gRPC target."""
+    reward: str = "127.0.0.1:50062"
+    """Reward gateway gRPC target."""
+    generate_timeout_s: float = Field(600.0, gt=0)
+    """Deadline of one Generate stream (all G samples of a prompt)."""
+    score_timeout_s: float = Field(120.0, gt=0)
+    """Deadline of one ScoreGroup call."""
+    weight_transport: Literal["grpc_stream", "shared_file", "gloo", "nccl"] = "grpc_stream"
+    """How weights reach the rollout after each step: StreamWeights over gRPC, a
+    safetensors file on a shared filesystem, or a gloo/NCCL broadcast."""
+    weight_bucket_bytes: int = Field(32 << 20, ge=1 << 20)
+    """Tensors are packed into buckets of at most this many bytes per message/broadcast."""
+    shared_dir: str | None = None
+    """Folder both sides can read, for weight_transport=shared_file."""
+
+
+class CheckpointConfig(ConfigModel):
+    dir: str = "checkpoints"
+    """Checkpoints go under this folder as step_<n>/ (written to a temp folder, renamed)."""
+    save_every_steps: int = Field(0, ge=0)
+    """Save every N steps (and at the end); 0 = only at the end."""
+    keep_last: int = Field(2, ge=1)
+    """Older checkpoints beyond this many are deleted."""
+    export_hf: bool = True
+    """Also write a HF folder (safetensors + config + tokenizer) with the final weights."""
+
+
+class ClusterConfig(ConfigModel):
+    """Where a stage runs at scale (used by the SLURM launcher and --dry-run plans)."""
+
+    num_nodes: int = Field(1, ge=1)
+    """All nodes of the stage, generation and judges included."""
+    gpus_per_node: int = Field(8, ge=1)
+    """GPUs on each node."""
+    generation_nodes: int = Field(0, ge=0)
+    """Nodes of the rollout service (generation not colocated with training); 0 = colocated."""
+    gym_gpu_nodes: int = Field(0, ge=0)
+    """GPU nodes for reward-side models (LLM judges, GenRM)."""
+
+    @property
+    def training_nodes(self) -> int:
+        return self.num_nodes - self.generation_nodes - self.gym_gpu_nodes
+
+    @model_validator(mode="after")
+    def _training_nodes_left(self) -> ClusterConfig:
+        if self.training_nodes < 1:
+            raise ValueError(
+                f"cluster.num_nodes ({self.num_nodes}) must exceed cluster.generation_nodes "
+                f"({self.generation_nodes}) + cluster.gym_gpu_nodes ({self.gym_gpu_nodes}) "
+                "to leave nodes for training"
+            )
+        return self
+
+
+class RecipeConfig(ConfigModel):
+    """One RL stage: what to train, on which data, with which algorithm settings."""
+
+    stage: str = "rlvr"
+    """Stage name, e.g. rlvr1, swe1, rlhf."""
+    grpo: GRPOConfig = GRPOConfig()
+    generation: GenerationConfig = GenerationConfig()
+    policy: PolicyConfig = PolicyConfig()
+    data: DataConfig = DataConfig()
+    services: ServicesConfig = ServicesConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step."""
+        return self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
+
+    @model_validator(mode="after")
+    def _generation_fits_context(self) -> RecipeConfig:
+        if self.generation.max_new_tokens >= self.policy.max_total_sequence_length:
+            raise ValueError(
+                f"generation.max_new_tokens ({self.generation.max_new_tokens}) must be smaller "
+                f"than policy.max_total_sequence_length ({self.policy.max_total_sequence_length}) "
+                "to leave room for the prompt; lower one or raise the other"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _algorithm_rules(self) -> RecipeConfig:
+        g = self.grpo
+        if g.importance_weight_min > g.importance_weight_max:
+            raise ValueError(
+                f"grpo.importance_weight_min ({g.importance_weight_min}) must be <= "
+                f"grpo.importance_weight_max ({g.importance_weight_max}); swap or widen them"
+            )
+        if g.sequence_level_importance_ratios and g.loss_level != "sequence":
+            raise ValueError(
+                "grpo.sequence_level_importance_ratios (GSPO) needs grpo.loss_level=sequence "
+                f"(got {g.loss_level!r}); set grpo.loss_level=sequence"
+            )
+        if g.async_enabled and g.importance_sampling == "none":
+            raise ValueError(
+                f"grpo.max_trajectory_age_steps ({g.max_trajectory_age_steps}) > 0 (async) "
+                "needs importance-sampling correction, but grpo.importance_sampling is 'none'; "
+                "set grpo.importance_sampling=tis or grpo.max_trajectory_age_steps=0"
+            )
+        if g.dynamic_sampling and g.num_prompts_per_step < 1:  # pragma: no cover - ge=1
+            raise ValueError("grpo.dynamic_sampling needs grpo.num_prompts_per_step >= 1")
+        return self
+
+    @model_validator(mode="after")
+    def _parallelism_rules(self) -> RecipeConfig:
+        p = self.policy
+        model_parallel = (
+            p.tensor_parallel_size,
+            p.pipeline_parallel_size,
+            p.context_parallel_size,
+            p.expert_parallel_size,
+        )
+        if p.backend != "torch" and p.train_top_layers is not None:
+            raise ValueError(
+                "policy.train_top_layers needs policy.backend=torch; unset it for megatron"
+            )
+        if p.backend == "torch" and any(size > 1 for size in model_parallel):
+            raise ValueError(
+                "policy.tensor/pipeline/context/expert_parallel_size > 1 need "
+                "policy.backend=megatron (the torch backend shards with FSDP2 over "
+                "policy.data_parallel_size only); set policy.backend=megatron"
+            )
+        if p.train_micro_batch_size > self.global_batch_size:
+            raise ValueError(
+                f"policy.train_micro_batch_size ({p.train_micro_batch_size}) exceeds the "
+                f"global batch grpo.num_prompts_per_step × grpo.num_generations_per_prompt "
+                f"({self.global_batch_size}); lower the micro batch"
+            )
+        if self.services.weight_transport == "shared_file" and not self.services.shared_dir:
+            raise ValueError(
+                "services.weight_transport=shared_file needs services.shared_dir (a folder "
+                "the rollout service can read); set it or use weight_transport=grpc_stream"
+            )
+        return self

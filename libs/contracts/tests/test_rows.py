@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rlfleet_contracts.rows import (
+    DataError,
+    Manifest,
+    env_of,
+    prompt_messages,
+    read_blend,
+    row_problems,
+    split_train_val,
+    write_manifest,
+    write_split,
+)
+
+GOOD = {
+    "responses_create_params": {"input": [{"role": "user", "content": "2+2?"}]},
+    "agent_ref": {"name": "math"},
+    "expected_answer": "4",
+}
+
+
+def test_env_reference_forms() -> None:
+    assert env_of(GOOD) == "math"
+    assert env_of({"env": "mcqa", "agent_ref": {"name": "math"}}) == "mcqa"
+    assert env_of({}) == ""
+
+
+def test_prompt_messages_accepts_string_and_messages() -> None:
+    assert prompt_messages({"responses_create_params": {"input": "hi"}}) == [
+        {"role": "user", "content": "hi"}
+    ]
+    assert prompt_messages(GOOD)[0]["content"] == "2+2?"
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ({"agent_ref": {"name": "math"}}, "responses_create_params: missing or not an object"),
+        (
+            {"responses_create_params": {"input": []}, "env": "math"},
+            "responses_create_params.input: expected",
+        ),
+        ({"responses_create_params": {"input": [{"content": "x"}]}, "env": "math"}, "with a role"),
+        ({"responses_create_params": {"input": "x"}}, "env: missing"),
+    ],
+)
+def test_row_problems_name_the_field(row: dict[str, object], problem: str) -> None:
+    assert any(problem in p for p in row_problems(row))
+
+
+def test_read_blend_reports_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "b.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n\n{not json\n")
+    rows = read_blend(path)
+    assert next(rows).lineno == 1
+    with pytest.raises(DataError, match=r"b.jsonl:3: invalid JSON"):
+        next(rows)
+    with pytest.raises(DataError, match="no such file"):
+        next(read_blend(tmp_path / "missing.jsonl"))
+
+
+def test_directory_blend_reads_files_in_order(tmp_path: Path) -> None:
+    (tmp_path / "b.jsonl").write_text(json.dumps({**GOOD, "expected_answer": "b"}) + "\n")
+    (tmp_path / "a.jsonl").write_text(json.dumps({**GOOD, "expected_answer": "a"}) + "\n")
+    assert [s.row["expected_answer"] for s in read_blend(tmp_path)] == ["a", "b"]
+
+
+def test_split_holds_out_the_last_rows() -> None:
+    rows = [{"i": i} for i in range(10)]
+    train, val = split_train_val(rows, 3)
+    assert [r["i"] for r in val] == [7, 8, 9] and len(train) == 7
+    with pytest.raises(DataError, match="lower --val-rows"):
+        split_train_val(rows[:3], 3)
+
+
+def test_split_files_and_manifest(tmp_path: Path) -> None:
+    info = write_split(tmp_path, "train", [GOOD, {**GOOD, "env": "mcqa"}])
+    assert (
+        info["rows"] == 2
+        and info["env_mix"] == {"math": 1, "mcqa": 1}
+        and len(info["sha256"]) == 64
+    )
+    lines = (tmp_path / "train" / "data.jsonl").read_text().splitlines()
+    assert json.loads(lines[1])["env"] == "mcqa"
+    path = write_manifest(tmp_path, Manifest(blend="b", sources={"x": "y"}, splits={"train": info}))
+    assert json.loads(path.read_text())["splits"]["train"]["rows"] == 2

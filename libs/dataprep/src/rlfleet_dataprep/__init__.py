@@ -1,0 +1,1 @@
+"""rlfleet-dataprep: bundled blends, placeholder sources and the curriculum pass."""

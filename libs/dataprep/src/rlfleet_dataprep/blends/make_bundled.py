@@ -1,0 +1,146 @@
+"""Writes the bundled blends of placeholder rows (run from the repo root):
+
+    uv run python libs/dataprep/src/rlfleet_dataprep/blends/make_bundled.py
+
+Each line names a local source (see rlfleet_dataprep.sources), as published blends name the
+data their fill script fetches; `rlfleet data prep rl <name>` fills them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# Easy, learnable-by-a-small-model reasoning-gym settings for the tiny pipeline.
+EASY_ARITHMETIC: dict[str, object] = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+}
+
+
+ADDITION: dict[str, object] = {
+    **EASY_ARITHMETIC,
+    "operators": ["+"],
+    "allow_negation": False,
+    "allow_parentheses": False,
+}
+MINUS_TIMES: dict[str, object] = {**ADDITION, "operators": ["-", "*"]}
+BRIEF = " Reply with only the answer."
+# A short system message: SmolLM2's chat template otherwise adds a 20-token default one,
+# and prompt tokens are most of what a CPU step trains on.
+TERSE = "Be brief."
+# Stage 3: verifiable instructions (IFEval-style) on short open questions, graded per
+# instruction followed. SmolLM2 after stages 1-2 follows ~28% of them (mostly "no
+# commas" and "short"; lowercase almost never): room to learn, and reward spread within
+# a group from the start.
+TOPICS_TEXT = """
+the sun, a cat, rain, the sea, bread, a tree, music, winter, a river, the moon,
+coffee, a dog, snow, a garden, the wind, a book, an apple, a bird, the night, a city,
+a mountain, summer, a bicycle, the forest, a candle, tea, a bridge, the desert, a
+clock, a horse, a school, the ocean, a flower, a train, the sky, a lake, fire, a
+friend, the rain, a storm, a map, a song, cheese, a window, a road, the stars, a boat,
+autumn, a house, chocolate, a beach, the morning, a library, a lion, ice, a hill, a
+painting, the spring, a kitchen, an island, a cloud, a garden path, soup, a market, a
+village, the evening, a shell, a park, a whale, a farm, a pencil, a star, a wave, a
+cake, a field
+"""
+TOPICS = tuple(" ".join(t.split()) for t in TOPICS_TEXT.split(","))
+QUESTIONS = (
+    "Describe {}.",
+    "Tell me one fact about {}.",
+    "What do you like about {}?",
+    "Write a sentence about {}.",
+)
+INSTRUCTIONS = " Answer in all lowercase letters, without commas, in fewer than 12 words."
+
+
+def instruction_following(n: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        topic, question = TOPICS[i % len(TOPICS)], QUESTIONS[i // len(TOPICS) % len(QUESTIONS)]
+        prompt = question.format(topic) + INSTRUCTIONS
+        rows.append(
+            {
+                "id": f"tiny-if-{i}",
+                "agent_ref": {"name": "instruction_following"},
+                "responses_create_params": {
+                    "input": [
+                        {"role": "system", "content": TERSE},
+                        {"role": "user", "content": prompt},
+                    ]
+                },
+                "instruction_id_list": [
+                    "change_case:english_lowercase",
+                    "punctuation:no_comma",
+                    "length_constraints:number_words",
+                ],
+                "kwargs": [{}, {}, {"relation": "less than", "num_words": 12}],
+                "grading_mode": "fraction",
+            }
+        )
+    return rows
+
+
+def reasoning_gym(
+    task: str,
+    n: int,
+    seed: int,
+    config: dict[str, object] | None = None,
+    score_with: str = "reasoning_gym",
+    suffix: str = "",
+    system: str = "",
+) -> list[dict[str, object]]:
+    spec = {
+        "source": "reasoning_gym",
+        "task": task,
+        "seed": seed,
+        "size": n,
+        **({"config": config} if config else {}),
+        **({"score_with": score_with} if score_with != "reasoning_gym" else {}),
+        **({"suffix": suffix} if suffix else {}),
+        **({"system": system} if system else {}),
+    }
+    return [
+        {"_placeholder": {**spec, "index": i}, "agent_ref": {"name": score_with}} for i in range(n)
+    ]
+
+
+def indexed(source: str, env: str, indices: range) -> list[dict[str, object]]:
+    return [
+        {"_placeholder": {"source": source, "index": i}, "agent_ref": {"name": env}}
+        for i in indices
+    ]
+
+
+BLENDS: dict[str, list[dict[str, object]]] = {
+    # The tiny pipeline (`rlfleet run`): one blend per RLVR stage, each learnable by
+    # SmolLM2-135M on 2 CPU cores in a few minutes.
+    "tiny-rlvr1": reasoning_gym("basic_arithmetic", 300, 11, ADDITION, "math", BRIEF, TERSE),
+    "tiny-rlvr2": reasoning_gym("basic_arithmetic", 300, 12, MINUS_TIMES, "math", BRIEF, TERSE),
+    "tiny-rlvr3": instruction_following(300),
+    "tiny-mix": [
+        *reasoning_gym("basic_arithmetic", 150, seed=1, config=EASY_ARITHMETIC),
+        *reasoning_gym("leg_counting", 50, seed=2),
+        *indexed("human_eval", "code", range(50)),
+        *indexed("ifbench", "instruction_following", range(50)),
+    ],
+}
+
+
+def main() -> None:
+    for name, rows in BLENDS.items():
+        # Shuffled, like published blends, so the last rows (held out) mix every source.
+        rows = list(rows)
+        random.Random(0).shuffle(rows)
+        path = HERE / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        print(f"{path.name}: {len(rows)} rows")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""The curriculum pass of `rlfleet data prep rl --curriculum-samples K`: measure how often
+the starting model already solves each training prompt, drop the prompts it solves in all
+K samples (they carry no GRPO signal: every advantage would be zero) and order the rest
+from easiest to hardest by the measured pass rate.
+
+It talks to the services over their public APIs only: K samples per prompt from an
+OpenAI-compatible `/v1/chat/completions` (the rollout service, or any such server), scored
+by the reward gateway's `ScoreGroup`. Without addresses, `rlfleet data prep` starts a
+rollout and a reward service of its own for the pass (rlfleet_pipeline.fleet.LocalFleet).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlfleet_contracts.rows import DataError, Row, env_of, prompt_messages
+
+SOLVED = 1.0
+"""A sample counts as solved at full reward (graded environments rarely give exactly 1
+for a partly right answer)."""
+
+
+@dataclass
+class CurriculumOptions:
+    samples: int
+    """K: samples per prompt (>= 2: one sample cannot tell 'always' from 'once')."""
+    temperature: float = 1.0
+    max_tokens: int = 256
+    timeout_s: float = 300.0
+    """Deadline of each generate and score call."""
+
+    def check(self) -> None:
+        if self.samples < 2:
+            raise DataError(f"--curriculum-samples ({self.samples}) must be >= 2")
+        if self.max_tokens < 1:
+            raise DataError(f"--curriculum-max-tokens ({self.max_tokens}) must be >= 1")
+        if self.temperature <= 0:
+            raise DataError(
+                f"--curriculum-temperature ({self.temperature}) must be > 0 (greedy samples "
+                "are all alike)"
+            )
+
+
+@dataclass(frozen=True)
+class Measured:
+    index: int
+    """Row position in the training split before the pass."""
+    rewards: tuple[float, ...]
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(r >= SOLVED for r in self.rewards) / len(self.rewards)
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards)
+
+    @property
+    def solved_all(self) -> bool:
+        return all(r >= SOLVED for r in self.rewards)
+
+
+Completion = tuple[str, int]
+"""A sample's text and its number of generated tokens (for length-aware rewards)."""
+Generate = Callable[[Row], list[Completion]]
+Score = Callable[[Row, Sequence[Completion]], list[float]]
+
+
+def measure(
+    rows: Sequence[Row],
+    generate: Generate,
+    score: Score,
+    concurrency: int = 8,
+    advance: Callable[[int], Any] | None = None,
+) -> list[Measured]:
+    """K samples of each row, scored; results in row order."""
+
+    def one(index: int) -> Measured:
+        rewards = score(rows[index], generate(rows[index]))
+        if advance:
+            advance(1)
+        return Measured(index, tuple(rewards))
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        return list(pool.map(one, range(len(rows))))
+
+
+def order_by_difficulty(rows: Sequence[Row], measured: Sequence[Measured]) -> tuple[list[Row], int]:
+    """(kept rows, easiest first, each with `curriculum` stats; rows dropped as solved).
+
+    Easiest = highest pass rate, then highest mean reward; ties keep the original order
+    (a stable sort), so the result is a pure function of the measurements."""
+    kept = [m for m in measured if not m.solved_all]
+    kept.sort(key=lambda m: (-m.pass_rate, -m.mean_reward))
+    out = [
+        {
+            **rows[m.index],
+            "curriculum": {
+                "pass_rate": m.pass_rate,
+                "mean_reward": round(m.mean_reward, 6),
+                "samples": len(m.rewards),
+            },
+        }
+        for m in kept
+    ]
+    return out, len(measured) - len(kept)
+
+
+# ----------------------------------------------------------------------------- services
+
+
+class ChatSampler:
+    """K samples per row from an OpenAI-compatible server (`base_url` like
+    http://127.0.0.1:8000); the model is the server's first `/v1/models` entry."""
+
+    def __init__(self, base_url: str, options: CurriculumOptions) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.options = options
+        models = self._call("GET", "/v1/models", None)
+        try:
+            self.model = str(models["data"][0]["id"])
+        except (KeyError, IndexError, TypeError):
+            raise DataError(f"{self.base_url}/v1/models lists no model") from None
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.options.timeout_s) as reply:
+                return json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise DataError(f"{method} {self.base_url}{path}: HTTP {exc.code} {detail}") from None
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            raise DataError(f"{method} {self.base_url}{path}: {exc}") from None
+
+    def __call__(self, row: Row) -> list[Completion]:
+        body = {
+            "model": self.model,
+            "messages": prompt_messages(row),
+            "n": self.options.samples,
+            "temperature": self.options.temperature,
+            "max_tokens": self.options.max_tokens,
+        }
+        reply = self._call("POST", "/v1/chat/completions", body)
+        completions = [
+            (
+                str(c["message"].get("content") or ""),
+                # rlfleet's rollout adds the token ids; other servers: usage is per call
+                len(c["message"].get("generation_token_ids") or ()),
+            )
+            for c in reply.get("choices", [])
+        ]
+        if len(completions) != self.options.samples:
+            raise DataError(
+                f"row {row.get('id', '?')}: asked {self.options.samples} samples, "
+                f"got {len(completions)}"
+            )
+        return completions
+
+
+class GroupScorer:
+    """Rewards from the reward gateway's ScoreGroup (gRPC, with a deadline per call)."""
+
+    def __init__(self, target: str, timeout_s: float) -> None:
+        from rlfleet_core.client import connect_sync
+        from rlfleet_proto.v1 import reward_pb2_grpc
+
+        self.target = target
+        self.timeout_s = timeout_s
+        self.channel = connect_sync(target, default_timeout_s=timeout_s)
+        self.stub = reward_pb2_grpc.RewardServiceStub(self.channel)
+
+    def __call__(self, row: Row, completions: Sequence[Completion]) -> list[float]:
+        import grpc
+        from rlfleet_core.client import score_group_problem
+        from rlfleet_proto.v1 import reward_pb2
+
+        request = reward_pb2.ScoreGroupRequest(
+            request_id=f"curriculum-{row.get('id', '?')}",
+            env=env_of(row),
+            row_json=json.dumps(row),
+            responses=[reward_pb2.Response(text=t, num_tokens=n) for t, n in completions],
+        )
+        try:
+            reply = self.stub.ScoreGroup(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise DataError(
+                f"row {row.get('id', '?')}: ScoreGroup on {self.target}: "
+                f"{exc.code().name} {exc.details()}"
+            ) from None
+        problem = score_group_problem(reply, len(completions))
+        if problem:
+            raise DataError(f"row {row.get('id', '?')} (env {env_of(row)}): {problem}")
+        return [float(r.reward) for r in reply.results]
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+@contextmanager
+def curriculum_services(
+    options: CurriculumOptions,
+    *,
+    model: str,
+    engine: str,
+    log_dir: Path,
+    rollout_url: str | None = None,
+    reward_target: str | None = None,
+    log: Callable[[str], None] = print,
+) -> Iterator[tuple[Generate, Score]]:
+    """(generate, score) over the given services, or over a rollout (`engine`, `model`)
+    and reward service started here and stopped on exit (logs under `log_dir/logs`)."""
+    from rlfleet_pipeline.fleet import LocalFleet
+
+    with ExitStack() as stack:
+        needed = [
+            n for n, given in (("reward", reward_target), ("rollout", rollout_url)) if not given
+        ]
+        if needed:
+            log(
+                f"starting {', '.join(needed)} for the curriculum pass (logs in {log_dir / 'logs'})"
+            )
+            overrides = {"rollout": [f"engine={engine}", f"model={model}"]}
+            fleet = stack.enter_context(LocalFleet(needed, log_dir, overrides=overrides))
+            if rollout_url is None:
+                rollout_url = f"http://127.0.0.1:{fleet.processes['rollout'].http_port}"
+            if reward_target is None:
+                reward_target = fleet.target("reward")
+        assert rollout_url is not None and reward_target is not None
+        scorer = GroupScorer(reward_target, options.timeout_s)
+        stack.callback(scorer.close)
+        yield ChatSampler(rollout_url, options), scorer

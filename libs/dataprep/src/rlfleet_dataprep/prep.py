@@ -1,0 +1,193 @@
+"""`rlfleet data prep rl <blend>`: blend (JSONL with placeholders) → filled, validated,
+split `<out>/<blend>/{train,val}/data.jsonl` plus `manifest.json`."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rlfleet_contracts.rows import (
+    PLACEHOLDER_KEY,
+    DataError,
+    Manifest,
+    Row,
+    env_of,
+    read_blend,
+    row_problems,
+    sha256_file,
+    split_train_val,
+    write_manifest,
+    write_split,
+)
+
+from rlfleet_dataprep.curriculum import Generate, Score, measure, order_by_difficulty
+from rlfleet_dataprep.sources import fill_placeholder
+
+BUNDLED_DIR = Path(__file__).resolve().parent / "blends"
+
+
+@dataclass
+class CurriculumPass:
+    """How `prepare_rl` measures the starting model (see rlfleet_dataprep.curriculum)."""
+
+    generate: Generate
+    score: Score
+    samples: int
+    model: str
+    """What was measured (recorded in the manifest)."""
+    concurrency: int = 8
+    advance: Callable[[int], Any] | None = None
+    """Progress per measured prompt."""
+
+
+@dataclass
+class PrepOptions:
+    out: Path = Path("data")
+    sample: int | None = None
+    """Keep N rows (a seeded random subset, original order kept) before the split."""
+    seed: int = 0
+    val_rows: int = 100
+    force: bool = False
+    low_effort_fraction: float = 0.0
+    """Fraction of training prompts converted to low-effort mode (env `low_effort`)."""
+    low_effort_token_budget: int = 256
+    reasoning: Literal["keep", "on", "off"] = "keep"
+    """Reasoning on/off control, passed to the chat template as `enable_thinking`."""
+    token_budget: int | None = None
+    """Cap on generated tokens per prompt (`max_output_tokens`)."""
+
+    def check(self) -> None:
+        if self.sample is not None and self.sample < 1:
+            raise DataError(f"--sample ({self.sample}) must be >= 1")
+        if not 0.0 <= self.low_effort_fraction <= 1.0:
+            raise DataError(
+                f"--low-effort-fraction ({self.low_effort_fraction}) must be within [0, 1]"
+            )
+        if self.token_budget is not None and self.token_budget < 1:
+            raise DataError(f"--token-budget ({self.token_budget}) must be >= 1")
+
+
+def bundled_blends() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(BUNDLED_DIR.glob("*.jsonl"))}
+
+
+def resolve_blend(blend: str) -> tuple[str, Path]:
+    """A path (file or directory) or the name of a bundled blend."""
+    path = Path(blend)
+    if path.exists():
+        return (path.stem if path.is_file() else path.name), path
+    bundled = bundled_blends()
+    if blend in bundled:
+        return blend, bundled[blend]
+    raise DataError(
+        f"blend {blend!r}: no such file or directory, and no bundled blend of that name "
+        f"(bundled: {', '.join(bundled) or 'none'})"
+    )
+
+
+def to_low_effort(row: Row, token_budget: int) -> Row:
+    """Score with the `low_effort` wrapper: correctness traded against generated tokens."""
+    return {**row, "env": "low_effort", "inner_env": env_of(row), "token_budget": token_budget}
+
+
+def apply_generation_controls(row: Row, options: PrepOptions) -> Row:
+    params = dict(row["responses_create_params"])
+    if options.reasoning != "keep":
+        kwargs = dict(params.get("chat_template_kwargs") or {})
+        kwargs["enable_thinking"] = options.reasoning == "on"
+        params["chat_template_kwargs"] = kwargs
+    if options.token_budget is not None:
+        params["max_output_tokens"] = options.token_budget
+    return {**row, "responses_create_params": params}
+
+
+def prepare_rl(
+    blend: str,
+    options: PrepOptions,
+    advance: Callable[[int], Any] | None = None,
+    curriculum: CurriculumPass | None = None,
+) -> tuple[Path, Manifest]:
+    """Prepare `blend` under options.out; `advance(n)` reports progress per row read.
+
+    With `curriculum`, training prompts the starting model solves in all K samples are
+    dropped (counted in the manifest as `solved_by_start_model`) and the rest ordered
+    easiest first; train with `data.shuffle=false` to keep that order."""
+    options.check()
+    name, path = resolve_blend(blend)
+    out_dir = options.out / name
+    if (out_dir / "manifest.json").exists() and not options.force:
+        raise DataError(f"{out_dir} is already prepared; pass --force to rebuild it")
+
+    rows: list[Row] = []
+    filled = 0
+    for source in read_blend(path):
+        row = source.row
+        try:
+            if PLACEHOLDER_KEY in row:
+                row = fill_placeholder(row)
+                filled += 1
+        except DataError as exc:
+            raise DataError(f"{source.where}: {exc}") from None
+        problems = row_problems(row)
+        if problems:
+            raise DataError(f"{source.where}: {problems[0]}")
+        rows.append(row)
+        if advance:
+            advance(1)
+
+    rng = random.Random(options.seed)
+    if options.sample is not None and options.sample < len(rows):
+        keep = sorted(rng.sample(range(len(rows)), options.sample))
+        rows = [rows[i] for i in keep]
+    train, val = split_train_val(rows, options.val_rows)
+    dropped: dict[str, int] = {}
+    curriculum_info: dict[str, Any] = {}
+    if curriculum is not None:
+        measured = measure(
+            train, curriculum.generate, curriculum.score, curriculum.concurrency, curriculum.advance
+        )
+        train, solved = order_by_difficulty(train, measured)
+        dropped["solved_by_start_model"] = solved
+        curriculum_info = {
+            "curriculum": {
+                "model": curriculum.model,
+                "samples": curriculum.samples,
+                "measured": len(measured),
+                "mean_pass_rate": round(
+                    sum(m.pass_rate for m in measured) / max(len(measured), 1), 6
+                ),
+            }
+        }
+        if not train:
+            raise DataError(
+                f"the curriculum pass dropped all {solved} training prompts: the starting "
+                f"model ({curriculum.model}) solves every one in all {curriculum.samples} "
+                "samples; use a harder blend or a weaker starting model"
+            )
+    if options.low_effort_fraction > 0:
+        chosen = set(rng.sample(range(len(train)), round(len(train) * options.low_effort_fraction)))
+        train = [
+            to_low_effort(r, options.low_effort_token_budget) if i in chosen else r
+            for i, r in enumerate(train)
+        ]
+    train = [apply_generation_controls(r, options) for r in train]
+    val = [apply_generation_controls(r, options) for r in val]
+
+    files = [path] if path.is_file() else sorted(path.rglob("*.jsonl"))
+    manifest = Manifest(
+        blend=name,
+        sources={str(f): sha256_file(f) for f in files},
+        options={
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
+            "placeholders_filled": filled,
+            **curriculum_info,
+        },
+        dropped=dropped,
+    )
+    manifest.splits["train"] = write_split(out_dir, "train", train)
+    manifest.splits["val"] = write_split(out_dir, "val", val)
+    write_manifest(out_dir, manifest)
+    return out_dir, manifest

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rlfleet_contracts.rows import DataError
+from rlfleet_dataprep.prep import PrepOptions, bundled_blends, prepare_rl
+
+RLFLEET = str(Path(sys.executable).parent / "rlfleet")
+
+
+def arithmetic_blend(path: Path, n: int) -> Path:
+    rows = [
+        {
+            "_placeholder": {
+                "source": "reasoning_gym",
+                "task": "basic_arithmetic",
+                "seed": 7,
+                "size": n,
+                "index": i,
+            },
+            "agent_ref": {"name": "reasoning_gym"},
+        }
+        for i in range(n)
+    ]
+    rows.append(
+        {
+            "responses_create_params": {"input": "What is 2+3?"},
+            "env": "math",
+            "expected_answer": "5",
+        }
+    )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def read(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_prep_fills_splits_and_writes_manifest(tmp_path: Path) -> None:
+    blend = arithmetic_blend(tmp_path / "arith.jsonl", 12)
+    out, manifest = prepare_rl(str(blend), PrepOptions(out=tmp_path / "data", val_rows=4))
+    train, val = read(out / "train" / "data.jsonl"), read(out / "val" / "data.jsonl")
+    assert (len(train), len(val)) == (9, 4)
+    assert val[-1]["env"] == "math"  # the last rows are the held-out ones, in order
+    first = train[0]
+    assert first["agent_ref"] == {"name": "reasoning_gym"} and first["task"] == "basic_arithmetic"
+    assert first["responses_create_params"]["input"][0]["content"] == first["question"]
+    assert str(first["answer"]).lstrip("-").isdigit()
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["splits"]["train"]["rows"] == 9 and data["options"]["placeholders_filled"] == 12
+    assert data["splits"]["val"]["env_mix"] == {"math": 1, "reasoning_gym": 3}
+    assert manifest.sources[str(blend)] == data["sources"][str(blend)]
+    # Deterministic: the same seed gives the same content.
+    again, _ = prepare_rl(str(blend), PrepOptions(out=tmp_path / "data2", val_rows=4))
+    assert (again / "train" / "data.jsonl").read_text() == (
+        out / "train" / "data.jsonl"
+    ).read_text()
+
+
+def test_prep_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    blend = arithmetic_blend(tmp_path / "arith.jsonl", 6)
+    prepare_rl(str(blend), PrepOptions(out=tmp_path, val_rows=2))
+    with pytest.raises(DataError, match="already prepared; pass --force"):
+        prepare_rl(str(blend), PrepOptions(out=tmp_path, val_rows=2))
+    prepare_rl(str(blend), PrepOptions(out=tmp_path, val_rows=2, force=True))
+
+
+def test_sample_low_effort_and_generation_controls(tmp_path: Path) -> None:
+    blend = arithmetic_blend(tmp_path / "arith.jsonl", 20)
+    options = PrepOptions(
+        out=tmp_path,
+        val_rows=5,
+        sample=15,
+        low_effort_fraction=0.5,
+        reasoning="off",
+        token_budget=64,
+        seed=3,
+    )
+    out, _ = prepare_rl(str(blend), options)
+    train = read(out / "train" / "data.jsonl")
+    assert len(train) == 10
+    low = [r for r in train if r.get("env") == "low_effort"]
+    assert len(low) == 5 and all(r["inner_env"] == "reasoning_gym" for r in low)
+    params = train[0]["responses_create_params"]
+    assert (
+        params["chat_template_kwargs"] == {"enable_thinking": False}
+        and params["max_output_tokens"] == 64
+    )
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"_placeholder": {"source": "nope"}}, "unknown source 'nope'"),
+        (
+            {"_placeholder": {"source": "reasoning_gym", "task": "basic_arithmetic"}},
+            "needs field 'index'",
+        ),
+        ({"responses_create_params": {"input": "hi"}}, "env: missing"),
+    ],
+)
+def test_bad_rows_name_file_line_and_field(
+    tmp_path: Path, row: dict[str, object], message: str
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        json.dumps({"responses_create_params": {"input": "ok"}, "env": "math"})
+        + "\n"
+        + json.dumps(row)
+        + "\n"
+    )
+    with pytest.raises(DataError, match=rf"bad.jsonl:2: .*{message}"):
+        prepare_rl(str(path), PrepOptions(out=tmp_path, val_rows=0))
+
+
+def test_bundled_blend_is_listed_and_cli_reports_errors(tmp_path: Path) -> None:
+    assert "tiny-mix" in bundled_blends()
+    result = subprocess.run(
+        [RLFLEET, "data", "prep", "rl", "no-such-blend", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert (
+        "blend 'no-such-blend': no such file or directory" in result.stderr
+        and "tiny-mix" in result.stderr
+    )
+    assert "Traceback" not in result.stderr

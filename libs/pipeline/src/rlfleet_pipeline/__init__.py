@@ -1,0 +1,1 @@
+"""rlfleet-pipeline: stages, the local fleet, launchers, recipes and the report."""

@@ -1,0 +1,370 @@
+"""`rlfleet run`: a multi-stage pipeline on this machine, the embedded default.
+
+One run folder holds everything:
+
+    <out>/run.json                 what was asked (pipeline, engine, overrides), for --resume
+    <out>/data/<blend>/...         prepared train/val splits + manifest per stage blend
+    <out>/logs/<service>.log       the services (one fleet for the whole run)
+    <out>/stages/<stage>/          the trainer's run dir: recipe, metrics.jsonl, ledger,
+                                   checkpoints/, hf/ (export), heldout.json, lineage.json
+    <out>/report.md|json, plots/   the end-of-run report
+
+The services start once (vLLM's start is the slow part) and serve every stage: each stage
+starts from the previous stage's exported HF folder and publishes it to the rollout
+service before its first sample. Each stage's trainer is a child process (`rlfleet-trainer
+run`); its metrics file drives the progress bar. Ctrl-C stops the trainer and the
+services; `--resume` skips finished stages and resumes the interrupted one from its last
+checkpoint (the trainer's ledger keeps every prompt accounted for).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.rows import DataError
+from rlfleet_core.config import dump_yaml
+from rlfleet_dataprep.prep import PrepOptions, prepare_rl, resolve_blend
+
+from rlfleet_pipeline.fleet import LocalFleet, tail_lines
+from rlfleet_pipeline.recipes import load_recipe
+from rlfleet_pipeline.report import StageResult, read_metrics, write_report
+from rlfleet_pipeline.stage import trainer_command
+
+
+class PipelineError(RuntimeError):
+    """A pipeline problem a user can act on; the message says what and how."""
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    name: str
+    recipe: str
+    """A bundled recipe name or a recipe file."""
+    blend: str
+    """A bundled blend name or a blend file/directory (prepared into <out>/data)."""
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    model: str
+    """Starting model of the first stage (a bundled name or a HF folder)."""
+    stages: tuple[PipelineStage, ...]
+    services: tuple[str, ...] = ("sandbox", "reward", "rollout")
+    val_rows: int = 100
+    """Rows of each blend held out for validation (the last ones)."""
+
+
+TINY = Pipeline(
+    name="tiny",
+    model="smollm2-135m-instruct",
+    stages=tuple(PipelineStage(f"rlvr{i}", f"tiny/rlvr{i}", f"tiny-rlvr{i}") for i in (1, 2, 3)),
+)
+PIPELINES = {"tiny": TINY}
+
+
+@dataclass
+class RunSpec:
+    """What `rlfleet run` was asked; stored in run.json so --resume repeats it exactly."""
+
+    pipeline: str = "tiny"
+    engine: str = "vllm"
+    model: str | None = None
+    """Starting model instead of the pipeline's (a bundled name or a HF folder)."""
+    overrides: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> RunSpec:
+        return cls(**json.loads(path.read_text()))
+
+
+@dataclass
+class StageProgress:
+    """What the progress display needs after each poll of a running stage."""
+
+    stage: str
+    index: int
+    total_stages: int
+    step: int
+    max_steps: int
+    phase: str
+    reward: float | None = None
+
+
+Progress = Callable[[StageProgress], None]
+
+
+def start_run(
+    out: Path, spec: RunSpec, resume: bool, pipeline: Pipeline | None = None
+) -> tuple[RunSpec, Pipeline]:
+    """Check the run folder against --resume and the overrides against every stage's
+    recipe (before anything is written); return the spec to run and its pipeline."""
+    run_file = out / "run.json"
+    if resume:
+        if not run_file.exists():
+            raise PipelineError(
+                f"--resume: {out} holds no run (no run.json); start one with `rlfleet run "
+                f"--out {out}`"
+            )
+        stored = RunSpec.load(run_file)
+        if (spec.overrides and spec.overrides != stored.overrides) or (
+            spec.model and spec.model != stored.model
+        ):
+            raise PipelineError(
+                f"--resume continues the run as it was started (model {stored.model}, "
+                f"overrides {stored.overrides}); drop --model and the overrides or start a "
+                "new run with --out"
+            )
+        return stored, pipeline_of(stored, pipeline)
+    if run_file.exists():
+        raise PipelineError(
+            f"{out} already holds a run; continue it with `rlfleet run --resume --out {out}` "
+            "or choose another folder with --out"
+        )
+    chosen = pipeline_of(spec, pipeline)
+    for index, stage in enumerate(chosen.stages):  # a bad override fails here, not later
+        stage_recipe(chosen, index, out, data_dir(out, stage), spec.overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    run_file.write_text(json.dumps(asdict(spec), indent=2) + "\n")
+    return spec, chosen
+
+
+def pipeline_of(spec: RunSpec, pipeline: Pipeline | None = None) -> Pipeline:
+    if pipeline is None:
+        if spec.pipeline not in PIPELINES:
+            raise PipelineError(f"pipeline {spec.pipeline!r}: known: {', '.join(PIPELINES)}")
+        pipeline = PIPELINES[spec.pipeline]
+    return replace(pipeline, model=spec.model) if spec.model else pipeline
+
+
+def data_dir(out: Path, stage: PipelineStage) -> Path:
+    """Where the stage's blend is prepared: <out>/data/<blend name>."""
+    try:
+        name, _ = resolve_blend(stage.blend)  # the name prepare_rl writes under
+    except DataError as exc:
+        raise PipelineError(f"stage {stage.name}: {exc}") from None
+    return out / "data" / name
+
+
+def prepare_data(pipeline: Pipeline, out: Path) -> dict[str, Path]:
+    """Each stage's blend prepared once under <out>/data (kept across --resume)."""
+    prepared: dict[str, Path] = {}
+    for stage in pipeline.stages:
+        target = data_dir(out, stage)
+        if not (target / "manifest.json").exists():
+            options = PrepOptions(out=out / "data", val_rows=pipeline.val_rows, force=True)
+            try:
+                target, _ = prepare_rl(stage.blend, options)
+            except DataError as exc:
+                raise PipelineError(f"stage {stage.name}: data prep failed: {exc}") from None
+        prepared[stage.name] = target
+    return prepared
+
+
+def stage_recipe(
+    pipeline: Pipeline,
+    index: int,
+    out: Path,
+    data_dir: Path,
+    overrides: Sequence[str],
+) -> RecipeConfig:
+    """The stage's recipe with the pipeline's wiring: data paths, and the starting model
+    (the pipeline's model, or the previous stage's HF export)."""
+    stage = pipeline.stages[index]
+    model = (
+        pipeline.model
+        if index == 0
+        else str(out / "stages" / pipeline.stages[index - 1].name / "hf")
+    )
+    wiring = [
+        f"data.train_path={data_dir / 'train' / 'data.jsonl'}",
+        f"data.val_path={data_dir / 'val' / 'data.jsonl'}",
+        f"policy.model={model}",
+        "checkpoint.export_hf=true",
+    ]
+    return load_recipe(stage.recipe, [*wiring, *overrides])
+
+
+def stage_done(stage_dir: Path) -> bool:
+    return (stage_dir / "summary.json").exists() and (stage_dir / "hf" / "config.json").exists()
+
+
+def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageResult:
+    heldout = json.loads((stage_dir / "heldout.json").read_text())
+    summary = json.loads((stage_dir / "summary.json").read_text())
+
+    def split(result: dict[str, float]) -> tuple[float, dict[str, float]]:
+        by_env = {k.removeprefix("reward/"): v for k, v in result.items() if k != "reward"}
+        return float(result.get("reward", float("nan"))), by_env
+
+    before, before_env = split(heldout.get("before", {}))
+    after, after_env = split(heldout.get("after", {}))
+    return StageResult(
+        stage=stage.name,
+        heldout_reward_before=before,
+        heldout_reward_after=after,
+        heldout_by_env_before=before_env,
+        heldout_by_env_after=after_env,
+        steps=int(summary["step"]),
+        wall_s=wall_s,
+        checkpoint=str(summary.get("checkpoint", "")),
+        metrics_path=str(stage_dir / "metrics.jsonl"),
+    )
+
+
+def write_lineage(
+    stage: PipelineStage, recipe: RecipeConfig, stage_dir: Path, data_dir: Path
+) -> None:
+    """Where the stage's weights came from and what they were trained on."""
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    lineage = {
+        "stage": stage.name,
+        "recipe": stage.recipe,
+        "parent_model": recipe.policy.model,
+        "blend": stage.blend,
+        "data": {
+            "dir": str(data_dir),
+            "sources": manifest.get("sources", {}),
+            "splits": manifest.get("splits", {}),
+        },
+        "output": {"hf": str(stage_dir / "hf"), "checkpoints": str(stage_dir / "checkpoints")},
+    }
+    (stage_dir / "lineage.json").write_text(json.dumps(lineage, indent=2) + "\n")
+
+
+class TrainerProcess:
+    """One stage's trainer as a child process in its own session (so Ctrl-C reaches only
+    this supervisor, which then stops it)."""
+
+    def __init__(self, command: list[str], log_path: Path) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        return tail_lines(self.log_path, lines)
+
+
+def run_stage(
+    stage_dir: Path,
+    recipe: RecipeConfig,
+    targets: dict[str, str],
+    resume: bool,
+    on_poll: Callable[[list[dict[str, Any]], str], None],
+    poll_s: float = 1.0,
+) -> None:
+    """Train one stage to completion; raises PipelineError if the trainer fails."""
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    recipe_file = stage_dir / "recipe.yaml"
+    recipe_file.write_text(dump_yaml(recipe))
+    extra = [f"services.{name}={target}" for name, target in sorted(targets.items())]
+    if resume:
+        extra.insert(0, "--resume")
+    trainer = TrainerProcess(
+        trainer_command(recipe_file, stage_dir, extra), stage_dir / "trainer.log"
+    )
+    try:
+        while trainer.process.poll() is None:
+            on_poll(read_metrics(stage_dir / "metrics.jsonl"), current_phase(stage_dir))
+            time.sleep(poll_s)
+    finally:
+        trainer.stop()
+    on_poll(read_metrics(stage_dir / "metrics.jsonl"), "done")
+    if trainer.process.returncode != 0:
+        raise PipelineError(
+            f"stage {recipe.stage}: the trainer exited with code {trainer.process.returncode}; "
+            f"last lines of {trainer.log_path}:\n{trainer.log_tail()}"
+        )
+
+
+def current_phase(stage_dir: Path) -> str:
+    heldout = stage_dir / "heldout.json"
+    if not heldout.exists():
+        return "starting"
+    return "training" if "after" not in json.loads(heldout.read_text()) else "finishing"
+
+
+def run_pipeline(
+    out: Path,
+    spec: RunSpec,
+    *,
+    resume: bool,
+    progress: Progress | None = None,
+    log: Callable[[str], None] = print,
+    pipeline: Pipeline | None = None,
+) -> Path:
+    """Run (or continue) the pipeline in `out` (`spec.pipeline`, unless `pipeline` is
+    given); returns the report's path."""
+    spec, pipeline = start_run(out, spec, resume, pipeline)
+    data = prepare_data(pipeline, out)
+    recipes = [
+        stage_recipe(pipeline, i, out, data[s.name], spec.overrides)
+        for i, s in enumerate(pipeline.stages)
+    ]
+    walls = read_walls(out)
+    pending = [i for i, s in enumerate(pipeline.stages) if not stage_done(stage_path(out, s))]
+    if pending:
+        log(f"starting {', '.join(pipeline.services)} (logs in {out / 'logs'})")
+        overrides = {"rollout": [f"engine={spec.engine}", f"model={pipeline.model}"]}
+        with LocalFleet(pipeline.services, out, overrides=overrides) as fleet:
+            targets = {"rollout": fleet.target("rollout"), "reward": fleet.target("reward")}
+            for index in pending:
+                stage, recipe = pipeline.stages[index], recipes[index]
+                stage_dir = stage_path(out, stage)
+                started = time.monotonic()
+
+                def on_poll(rows: list[dict[str, Any]], phase: str, index: int = index) -> None:
+                    if progress is not None:
+                        progress(
+                            StageProgress(
+                                stage=pipeline.stages[index].name,
+                                index=index,
+                                total_stages=len(pipeline.stages),
+                                step=int(rows[-1]["step"]) if rows else 0,
+                                max_steps=recipes[index].grpo.max_num_steps,
+                                phase=phase,
+                                reward=float(rows[-1].get("reward/mean", 0.0)) if rows else None,
+                            )
+                        )
+
+                stage_dir.mkdir(parents=True, exist_ok=True)
+                write_lineage(stage, recipe, stage_dir.resolve(), data[stage.name])
+                resuming = resume and (stage_dir / "checkpoints").exists()
+                run_stage(stage_dir, recipe, targets, resuming, on_poll)
+                walls[stage.name] = walls.get(stage.name, 0.0) + time.monotonic() - started
+                (out / "walls.json").write_text(json.dumps(walls, indent=2) + "\n")
+    results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in pipeline.stages]
+    return write_report(out, results)
+
+
+def stage_path(out: Path, stage: PipelineStage) -> Path:
+    return out / "stages" / stage.name
+
+
+def read_walls(out: Path) -> dict[str, float]:
+    path = out / "walls.json"
+    return {k: float(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}

@@ -1,0 +1,259 @@
+"""`rlfleet rl <stage> -c <recipe>`: one stage, as a plan (--dry-run) or a run."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_core.config import dump_yaml
+from rlfleet_core.models import BUNDLED_MODELS
+
+from rlfleet_pipeline.fleet import LocalFleet
+from rlfleet_pipeline.launch.compose import (
+    ROLLOUT_ENGINE_VAR,
+    ROLLOUT_MODEL_VAR,
+    ComposeError,
+    ComposeStack,
+)
+from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile, SlurmProfile
+from rlfleet_pipeline.launch.slurm import render_sbatch
+
+STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo")
+SERVICES_FOR_STAGE = {
+    "rlvr": ["sandbox", "reward", "rollout"],
+    "grpo": ["sandbox", "reward", "rollout"],
+    "rlhf": ["reward", "rollout"],
+    "swe": ["sandbox", "reward", "rollout", "swe-runner"],
+}
+
+
+ROLLOUT_ENGINES = ("vllm", "hf")
+
+
+class StageError(ValueError):
+    pass
+
+
+def check_stage(kind: str, recipe: RecipeConfig, recipe_name: str) -> None:
+    if kind not in STAGE_KINDS:
+        raise StageError(f"stage {kind!r}: expected one of {', '.join(STAGE_KINDS)}")
+    if not recipe.stage.startswith(kind):
+        raise StageError(
+            f"recipe {recipe_name} is stage {recipe.stage!r}, not {kind!r}; "
+            f"use `rlfleet rl {recipe.stage.rstrip('0123456789')} -c {recipe_name}`"
+        )
+
+
+def summary(recipe: RecipeConfig) -> list[tuple[str, str]]:
+    """The published-table view of a recipe (docs/recipes.md)."""
+    g, p, c = recipe.grpo, recipe.policy, recipe.cluster
+    return [
+        ("stage", recipe.stage),
+        ("nodes (GPUs)", f"{c.num_nodes} ({c.num_nodes * c.gpus_per_node})"),
+        (
+            "generation nodes",
+            f"{c.generation_nodes} (colocated={'true' if not c.generation_nodes else 'false'})",
+        ),
+        ("prompts/step", str(g.num_prompts_per_step)),
+        ("generations/prompt", str(g.num_generations_per_prompt)),
+        ("batch", f"{recipe.global_batch_size:,}"),
+        ("max sequence length", f"{p.max_total_sequence_length:,}"),
+        (
+            "TP / PP / CP / EP",
+            f"{p.tensor_parallel_size} / {p.pipeline_parallel_size} / "
+            f"{p.context_parallel_size} / {p.expert_parallel_size}",
+        ),
+        ("learning rate", f"{g.lr:g}"),
+        ("KL penalty", f"{g.kl_coef:g}"),
+        ("overlong filtering", str(g.overlong_filtering).lower()),
+        ("policy lag (max age)", str(g.max_trajectory_age_steps)),
+    ]
+
+
+def trainer_command(recipe_file: Path, run_dir: Path, extra: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rlfleet_trainer",
+        "run",
+        "-c",
+        str(recipe_file),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
+
+
+def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str = "vllm") -> str:
+    """What would run, as shell text."""
+    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
+    services = SERVICES_FOR_STAGE[kind]
+    recipe_file = run_dir / "recipe.yaml"
+    if isinstance(profile, SlurmProfile):
+        return render_sbatch(
+            profile, recipe.stage, ["-c", str(recipe_file), "--run-dir", str(run_dir)]
+        )
+    if isinstance(profile, ComposeProfile):
+        stack = compose_stack(profile)
+        env = f"{ROLLOUT_ENGINE_VAR}={engine} {ROLLOUT_MODEL_VAR}={recipe.policy.model}"
+        up = stack.command("up", "-d", "--wait", "--wait-timeout", str(profile.wait_timeout_s))
+        train = trainer_command(
+            recipe_file,
+            run_dir,
+            [
+                "services.rollout=127.0.0.1:${ROLLOUT_PORT:-50052}",
+                "services.reward=127.0.0.1:${REWARD_PORT:-50053}",
+                "services.weight_transport=grpc_stream",
+            ],
+        )
+        return (
+            f"{env} {shlex.join([*up, *services])}\n{' '.join(train)}\n"
+            f"{shlex.join(stack.command('down', '--timeout', '10', '--remove-orphans'))}"
+            "   # unless --keep-up\n"
+        )
+    lines = [
+        f"# local: {', '.join(services)} as processes on free loopback ports (logs in {run_dir}/logs)"
+    ]
+    lines += [
+        f"{sys.executable} -m rlfleet_cli.main serve {s} --port <free> --http-port <free>"
+        + (f" engine={engine} model={shlex.quote(recipe.policy.model)}" if s == "rollout" else "")
+        for s in services
+    ]
+    lines.append(
+        shlex.join(
+            trainer_command(
+                recipe_file, run_dir, ["services.rollout=<rollout>", "services.reward=<reward>"]
+            )
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
+    """The rollout serves the policy's model (same weights and token ids as the trainer)."""
+    if engine not in ROLLOUT_ENGINES:
+        raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
+    return {"rollout": [f"engine={engine}", f"model={recipe.policy.model}"]}
+
+
+def run_local(
+    recipe: RecipeConfig,
+    run_dir: Path,
+    resume: bool,
+    service_overrides: dict[str, list[str]] | None = None,
+) -> int:
+    """Start the stage's services locally, train, stop them; returns the trainer's exit code."""
+    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe_file = run_dir / "recipe.yaml"
+    recipe_file.write_text(dump_yaml(recipe))
+    with LocalFleet(SERVICES_FOR_STAGE[kind], run_dir, overrides=service_overrides) as fleet:
+        extra = [
+            f"services.rollout={fleet.target('rollout')}",
+            f"services.reward={fleet.target('reward')}",
+        ]
+        if resume:
+            extra.insert(0, "--resume")
+        return subprocess.run(trainer_command(recipe_file, run_dir, extra)).returncode
+
+
+def compose_stack(profile: ComposeProfile, env: Mapping[str, str] | None = None) -> ComposeStack:
+    """The profile's compose project; a relative compose_file is taken from the current
+    folder, else (the default only) from the checkout this CLI is installed from."""
+    path = Path(profile.compose_file)
+    default = ComposeProfile.model_fields["compose_file"].default
+    if not path.is_absolute() and not path.is_file() and profile.compose_file == default:
+        checkout = Path(__file__).resolve().parents[4] / path
+        if checkout.is_file():
+            path = checkout
+    return ComposeStack(path.absolute(), profile.project_name, dict(env or os.environ))
+
+
+def run_compose(
+    recipe: RecipeConfig,
+    profile: ComposeProfile,
+    run_dir: Path,
+    resume: bool,
+    *,
+    engine: str = "vllm",
+    keep_up: bool = False,
+    say: Callable[[str], None] = print,
+) -> int:
+    """`docker compose up --wait` the stage's services, train against their published
+    loopback ports, save the containers' logs to <run_dir>/logs/compose.log and bring the
+    project down (unless keep_up). Returns the trainer's exit code; raises ComposeError
+    (one line saying how to fix) when Docker, compose or an image is missing."""
+    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
+    services = SERVICES_FOR_STAGE[kind]
+    if engine not in ROLLOUT_ENGINES:
+        raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
+    if recipe.policy.model not in BUNDLED_MODELS:
+        raise StageError(
+            f"policy.model={recipe.policy.model}: the rollout container can only serve a bundled "
+            f"model ({', '.join(BUNDLED_MODELS)}), not a folder of this host; use --run local"
+        )
+    stack = compose_stack(
+        profile,
+        {**os.environ, ROLLOUT_ENGINE_VAR: engine, ROLLOUT_MODEL_VAR: recipe.policy.model},
+    )
+    stack.check_docker()
+    stack.check_images(services)
+    overrides = []
+    if recipe.services.weight_transport != "grpc_stream":
+        say(
+            f"services.weight_transport={recipe.services.weight_transport} cannot reach the "
+            "rollout container; using grpc_stream"
+        )
+        overrides.append("services.weight_transport=grpc_stream")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe_file = run_dir / "recipe.yaml"
+    recipe_file.write_text(dump_yaml(recipe))
+    say(
+        f"compose project {stack.project}: starting {', '.join(services)} "
+        f"(rollout engine={engine} model={recipe.policy.model}) from {stack.compose_file}"
+    )
+    started = time.monotonic()
+    try:
+        stack.up(services, profile.wait_timeout_s)
+        extra = [
+            f"services.rollout={stack.target('rollout')}",
+            f"services.reward={stack.target('reward')}",
+            *overrides,
+        ]
+        if resume:
+            extra.insert(0, "--resume")
+        say(f"services healthy after {time.monotonic() - started:.0f} s; training ({run_dir})")
+        started = time.monotonic()
+        code = subprocess.run(trainer_command(recipe_file, run_dir, extra)).returncode
+        say(f"trainer exited with {code} after {time.monotonic() - started:.0f} s")
+        return code
+    finally:
+        try:
+            stack.save_logs(run_dir / "logs" / "compose.log")
+        except (ComposeError, OSError) as exc:
+            say(f"could not save the containers' logs: {exc}")
+        if keep_up:
+            say(f"left running (--keep-up); stop with: {shlex.join(stack.command('down'))}")
+        else:
+            started = time.monotonic()
+            stack.down()
+            say(f"compose project {stack.project} down in {time.monotonic() - started:.0f} s")
+
+
+__all__ = [
+    "ComposeError",
+    "LocalProfile",
+    "StageError",
+    "check_stage",
+    "launch_plan",
+    "rollout_overrides",
+    "run_compose",
+    "run_local",
+    "summary",
+]

@@ -1,0 +1,1 @@
+"""rlfleet-weights: weight transport from the trainer to the rollout engines."""
