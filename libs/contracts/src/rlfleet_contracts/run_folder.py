@@ -1,0 +1,135 @@
+"""The layout of run folders: the one place that names their files.
+
+A *stage folder* is what one `rlfleet rl` stage (one trainer run) writes and what the
+pipeline, the report and a resumed run read back. A *pipeline folder* holds the blends,
+one stage folder per stage, and the pipeline's own report. Writers and readers both go
+through these classes, so a renamed file cannot leave one side behind.
+
+    <pipeline>/                   PipelineFolder
+      run.json                    what was asked (recipe names, overrides) — resume checks it
+      walls.json                  wall time per finished stage
+      data/<blend>/               prepared blends (train/, val/, manifest.json)
+      stages/<stage>/             StageFolder, one per stage
+      plots/                      report plots
+      report.md, report.json      the report
+      logs/                       service logs of the fleet
+
+    <stage>/                      StageFolder
+      recipe.yaml                 the recipe the trainer was started with
+      recipe.json                 the validated recipe, every default filled in
+      trainer.log                 trainer stdout/stderr when a launcher captured it
+      metrics.jsonl               one JSON object per step
+      heldout.json                held-out reward {"before": {...}, "after": {...}, "samples"...}
+      ledger.jsonl                prompt ledger (exactly-once accounting)
+      summary.json                written last: the stage finished
+      lineage.json                input checkpoint, data hashes, recipe (written by the pipeline)
+      checkpoints/step_N/         resumable trainer checkpoints
+      hf/                         the exported Hugging Face model (the next stage's input)
+      logs/                       service logs of launchers
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# The blend manifest data prep writes next to train/ and val/.
+BLEND_MANIFEST = "manifest.json"
+# A Hugging Face model folder is complete once this file exists.
+HF_CONFIG = "config.json"
+
+
+@dataclass(frozen=True)
+class StageFolder:
+    """Paths inside one stage's run folder."""
+
+    root: Path
+
+    @property
+    def recipe_yaml(self) -> Path:
+        return self.root / "recipe.yaml"
+
+    @property
+    def recipe_json(self) -> Path:
+        return self.root / "recipe.json"
+
+    @property
+    def trainer_log(self) -> Path:
+        return self.root / "trainer.log"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def heldout(self) -> Path:
+        return self.root / "heldout.json"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def lineage(self) -> Path:
+        return self.root / "lineage.json"
+
+    @property
+    def hf(self) -> Path:
+        return self.root / "hf"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def checkpoints(self, subdir: str = "checkpoints") -> Path:
+        """The checkpoint folder (`checkpoint.dir` of the recipe, relative to the stage)."""
+        return self.root / subdir
+
+    def finished(self) -> bool:
+        """The trainer wrote its summary and a complete HF export: the stage is done."""
+        return self.summary.exists() and (self.hf / HF_CONFIG).exists()
+
+
+@dataclass(frozen=True)
+class PipelineFolder:
+    """Paths inside a whole pipeline's run folder."""
+
+    root: Path
+
+    @property
+    def run_spec(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def walls(self) -> Path:
+        return self.root / "walls.json"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def blend(self, name: str) -> Path:
+        return self.data / name
+
+    def stage(self, name: str) -> StageFolder:
+        return StageFolder(self.root / "stages" / name)
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def report_json(self) -> Path:
+        return self.root / "report.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
