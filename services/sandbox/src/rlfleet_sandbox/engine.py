@@ -11,7 +11,7 @@ from rlfleet_core.errors import InvalidArgument
 
 from rlfleet_sandbox.config import SandboxServiceConfig
 from rlfleet_sandbox.metrics import EXECUTION_SECONDS, EXECUTIONS
-from rlfleet_sandbox.models import (
+from rlfleet_sandbox.types import (
     ExecRequest,
     ExecResult,
     Language,

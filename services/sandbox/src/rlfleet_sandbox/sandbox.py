@@ -1,4 +1,4 @@
-"""The service's handle on one sandbox: a bubblewrap'd resident runner (runner.py) and the
+"""The service's handle on one sandbox: a bubblewrap'd resident runner (inside/runner.py) and the
 control socket to it. Spawning, one run (pipes, deadline, output cap), and killing."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
-from rlfleet_sandbox import runner
 from rlfleet_sandbox.config import IsolationConfig
+from rlfleet_sandbox.inside import runner
 from rlfleet_sandbox.isolation import (
     HostPath,
     build_bwrap_command,
@@ -26,7 +26,7 @@ from rlfleet_sandbox.isolation import (
     probe_host_paths,
     resolve_bwrap,
 )
-from rlfleet_sandbox.models import ExecRequest
+from rlfleet_sandbox.types import ExecRequest
 from rlfleet_sandbox.pipes import CappedReader, feed
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ _SOURCE: list[str] = []
 def runner_source() -> str:
     if not _SOURCE:
         _SOURCE.append(
-            files(runner.__package__ or "rlfleet_sandbox").joinpath("runner.py").read_text()
+            files(runner.__package__ or "rlfleet_sandbox.inside").joinpath("runner.py").read_text()
         )
     return _SOURCE[0]
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from rlfleet_core.errors import InvalidArgument, ServiceError
 
 from rlfleet_sandbox.engine import SandboxEngine
-from rlfleet_sandbox.models import ExecRequest, ExecResult, Language, Status
+from rlfleet_sandbox.types import ExecRequest, ExecResult, Language, Status
 from rlfleet_sandbox.sessions import check_session_id
 
 PROCESS_STATUS = {
