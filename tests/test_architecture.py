@@ -149,7 +149,7 @@ def walk_imports(
 
 def read_imports(name: str, path: Path, tree: ast.Module) -> list[Import]:
     is_package = path.name == "__init__.py"
-    imports = []
+    imports: list[Import] = []
     for node, at_import_time in walk_imports(tree.body, True):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]

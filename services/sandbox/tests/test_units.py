@@ -7,9 +7,9 @@ import signal
 import pytest
 from rlfleet_core.errors import InvalidArgument
 from rlfleet_sandbox.config import LimitsConfig
+from rlfleet_sandbox.inside.runner import compile_cell
 from rlfleet_sandbox.isolation import HostPath, build_bwrap_command, privilege_drop_prefix
 from rlfleet_sandbox.types import RunFacts, Status, check_file_path, classify, resolve_limits
-from rlfleet_sandbox.inside.runner import compile_cell
 
 
 def test_bwrap_command_is_exact() -> None:

@@ -21,8 +21,8 @@ from rlfleet_proto.v1 import rollout_pb2_grpc
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines import Engine, build_engine
-from rlfleet_rollout.http_face import OpenAIFace, add_openai_routes
 from rlfleet_rollout.grpc_face import RolloutServicer
+from rlfleet_rollout.http_face import OpenAIFace, add_openai_routes
 
 logger = logging.getLogger(__name__)
 

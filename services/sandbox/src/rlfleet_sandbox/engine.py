@@ -11,6 +11,9 @@ from rlfleet_core.errors import InvalidArgument
 
 from rlfleet_sandbox.config import SandboxServiceConfig
 from rlfleet_sandbox.metrics import EXECUTION_SECONDS, EXECUTIONS
+from rlfleet_sandbox.pool import WarmPool
+from rlfleet_sandbox.sandbox import RawRun, SandboxSpec
+from rlfleet_sandbox.sessions import RESET_NOTE, Session, SessionManager
 from rlfleet_sandbox.types import (
     ExecRequest,
     ExecResult,
@@ -21,9 +24,6 @@ from rlfleet_sandbox.types import (
     classify,
     resolve_limits,
 )
-from rlfleet_sandbox.pool import WarmPool
-from rlfleet_sandbox.sandbox import RawRun, SandboxSpec
-from rlfleet_sandbox.sessions import RESET_NOTE, Session, SessionManager
 
 logger = logging.getLogger(__name__)
 

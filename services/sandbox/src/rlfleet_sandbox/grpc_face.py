@@ -9,8 +9,8 @@ from rlfleet_core.errors import InvalidArgument
 from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 from rlfleet_sandbox.engine import SandboxEngine
-from rlfleet_sandbox.types import ExecRequest, ExecResult, InputFile, Language, check_file_path
 from rlfleet_sandbox.sessions import check_session_id
+from rlfleet_sandbox.types import ExecRequest, ExecResult, InputFile, Language, check_file_path
 
 _LANGUAGES = {
     sandbox_pb2.LANGUAGE_PYTHON: Language.PYTHON,

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict
 from rlfleet_core.errors import InvalidArgument, ServiceError
 
 from rlfleet_sandbox.engine import SandboxEngine
-from rlfleet_sandbox.types import ExecRequest, ExecResult, Language, Status
 from rlfleet_sandbox.sessions import check_session_id
+from rlfleet_sandbox.types import ExecRequest, ExecResult, Language, Status
 
 PROCESS_STATUS = {
     Status.OK: "completed",

@@ -24,8 +24,8 @@ from rlfleet_core.errors import ResourceExhausted, Unavailable
 
 from rlfleet_sandbox.config import PoolConfig
 from rlfleet_sandbox.metrics import POOL_IDLE, POOL_WAITING, RETIRED, SPAWNS
-from rlfleet_sandbox.types import ExecRequest
 from rlfleet_sandbox.sandbox import RawRun, Sandbox, SandboxSpec, SandboxStartError
+from rlfleet_sandbox.types import ExecRequest
 
 logger = logging.getLogger(__name__)
 

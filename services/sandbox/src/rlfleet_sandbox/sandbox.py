@@ -26,8 +26,8 @@ from rlfleet_sandbox.isolation import (
     probe_host_paths,
     resolve_bwrap,
 )
-from rlfleet_sandbox.types import ExecRequest
 from rlfleet_sandbox.pipes import CappedReader, feed
+from rlfleet_sandbox.types import ExecRequest
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from rlfleet_proto.v1 import sandbox_pb2_grpc
 
 from rlfleet_sandbox.config import SandboxServiceConfig
 from rlfleet_sandbox.engine import SandboxEngine
-from rlfleet_sandbox.http_face import add_routes
 from rlfleet_sandbox.grpc_face import SandboxServicer
+from rlfleet_sandbox.http_face import add_routes
 
 __all__ = ["SERVICE", "SandboxService", "SandboxServiceConfig"]
 

@@ -23,8 +23,8 @@ from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from rlfleet_sandbox.config import SessionsConfig
 from rlfleet_sandbox.metrics import SESSION_RESETS, SESSIONS_CLOSED, SESSIONS_OPEN, SPAWNS
-from rlfleet_sandbox.types import ExecRequest, RunLimits
 from rlfleet_sandbox.sandbox import RawRun, Sandbox, SandboxSpec, SandboxStartError
+from rlfleet_sandbox.types import ExecRequest, RunLimits
 
 logger = logging.getLogger(__name__)
 

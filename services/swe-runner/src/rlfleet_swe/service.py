@@ -7,6 +7,8 @@ from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition
 from rlfleet_proto import SWE_RUNNER_SERVICE
 from rlfleet_proto.v1 import swe_pb2_grpc
 
+from rlfleet_swe.grpc_face import SweRunnerServicer
+
 
 class SweRunnerServiceConfig(ServiceConfig):
     """Settings of the swe-runner service (`server.*` is shared by every service)."""
@@ -17,10 +19,7 @@ class SweRunnerService(BaseService):
         self.config = config
 
     def add_to_server(self, server: aio.Server) -> None:
-        # The generated base servicer answers UNIMPLEMENTED for every RPC until the
-        # service's own servicer replaces it.
-        servicer = swe_pb2_grpc.SweRunnerServiceServicer()  # type: ignore[abstract]
-        swe_pb2_grpc.add_SweRunnerServiceServicer_to_server(servicer, server)
+        swe_pb2_grpc.add_SweRunnerServiceServicer_to_server(SweRunnerServicer(), server)
 
 
 SERVICE = ServiceDefinition(
