@@ -80,4 +80,3 @@ class PipelineProgress:
         self.progress.update(
             self.tasks[p.stage], completed=p.step, status=f"{p.phase} {reward}".strip()
         )
-

@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,10 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+from rlfleet_contracts.run_folder import PipelineFolder
 from rlfleet_core.client import check_health
+
+from rlfleet_pipeline.services import service_command
 
 # Start order: dependencies first (the reward gateway calls the sandbox); they are stopped
 # in reverse.
@@ -86,15 +88,11 @@ class LocalFleet:
         return self.processes[service].target
 
     def _spawn(self, name: str, port: int, http_port: int, wiring: list[str]) -> ServiceProcess:
-        log_dir = self.run_dir / "logs"
+        log_dir = PipelineFolder(self.run_dir).logs
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
         cmd = [
-            sys.executable,
-            "-m",
-            "rlfleet_cli.main",
-            "serve",
-            name,
+            *service_command(name),
             "--port",
             str(port),
             "--http-port",

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rlfleet_pipeline.fleet import FleetError
+from rlfleet_pipeline.fleet import FleetError, LocalFleet
 
 from rlfleet_cli.ui import err, fail, out
 
@@ -17,6 +17,33 @@ prep_app = typer.Typer(
     help="Turn a blend into train/val splits with a manifest.", no_args_is_help=True
 )
 data_app.add_typer(prep_app, name="prep")
+
+
+def start_missing_services(
+    stack: ExitStack,
+    *,
+    model: str,
+    engine: str,
+    log_dir: Path,
+    rollout_url: str | None,
+    reward_target: str | None,
+) -> tuple[str, str]:
+    """(rollout HTTP URL, reward gRPC target) for the curriculum pass: the given ones, and
+    a rollout (`engine`, `model`) and reward service started on `stack` for those not
+    given (stopped when it closes; logs under `log_dir/logs`)."""
+    needed = [n for n, given in (("reward", reward_target), ("rollout", rollout_url)) if not given]
+    if needed:
+        err.print(
+            f"starting {', '.join(needed)} for the curriculum pass (logs in {log_dir / 'logs'})"
+        )
+        overrides = {"rollout": [f"engine={engine}", f"model={model}"]}
+        fleet = stack.enter_context(LocalFleet(needed, log_dir, overrides=overrides))
+        if rollout_url is None:
+            rollout_url = f"http://127.0.0.1:{fleet.processes['rollout'].http_port}"
+        if reward_target is None:
+            reward_target = fleet.target("reward")
+    assert rollout_url is not None and reward_target is not None
+    return rollout_url, reward_target
 
 
 @prep_app.command("rl")
@@ -115,15 +142,17 @@ def prep_rl(
         with ExitStack() as stack:
             passing = None
             if curriculum_samples:
+                sample_url, reward_target = start_missing_services(
+                    stack,
+                    model=curriculum_model,
+                    engine=curriculum_engine,
+                    log_dir=out_dir / ".curriculum",
+                    rollout_url=rollout_url,
+                    reward_target=reward,
+                )
                 generate, score = stack.enter_context(
                     curriculum_services(
-                        curriculum,
-                        model=curriculum_model,
-                        engine=curriculum_engine,
-                        log_dir=out_dir / ".curriculum",
-                        rollout_url=rollout_url,
-                        reward_target=reward,
-                        log=err.print,
+                        curriculum, rollout_url=sample_url, reward_target=reward_target
                     )
                 )
                 passing = CurriculumPass(
