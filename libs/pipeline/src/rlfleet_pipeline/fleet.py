@@ -1,7 +1,8 @@
 """Starts rlfleet services as local processes on loopback and stops them cleanly.
 
-Used by `rlfleet up` and `rlfleet run`. Each service runs in its own process (and
-process session, so Ctrl-C in the terminal reaches only the supervisor, which then
+Used by `rlfleet up`, `rlfleet run`, `rlfleet rl` and the curriculum pass of `rlfleet data
+prep`. Each service runs as its own `python -m rlfleet_<service>` (no CLI in between) in
+its own process session (so Ctrl-C in the terminal reaches only the supervisor, which then
 stops the services in order), logs to <run_dir>/logs/<service>.log, and is considered
 up once the standard gRPC health check answers SERVING.
 """
@@ -88,6 +89,7 @@ class LocalFleet:
         return self.processes[service].target
 
     def _spawn(self, name: str, port: int, http_port: int, wiring: list[str]) -> ServiceProcess:
+        # run_dir is a pipeline's or a stage's folder: both keep service logs in logs/.
         log_dir = PipelineFolder(self.run_dir).logs
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
