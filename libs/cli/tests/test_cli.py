@@ -169,3 +169,14 @@ def test_serve_engine_and_model_flags_reach_the_rollout_config() -> None:
     assert result.returncode == 2
     (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert line.startswith("rlfleet: config error: engine:") and "tensorrt" in line
+
+
+def test_cli_run_errors_are_one_line(tmp_path: Path) -> None:
+    from rlfleet_cli.main import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["run", "--resume", "--out", str(tmp_path / "nothing")])
+    assert result.exit_code == 1
+    assert "holds no run" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["run", "--engine", "tgi", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "--engine: expected vllm or hf" in result.output

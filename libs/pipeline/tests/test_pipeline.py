@@ -19,7 +19,6 @@ from rlfleet_pipeline.pipeline import (
     stage_result,
     start_run,
 )
-from typer.testing import CliRunner
 
 
 def test_new_run_writes_its_spec_and_refuses_to_overwrite(tmp_path: Path) -> None:
@@ -131,13 +130,3 @@ def test_data_prep_rejects_a_bad_reasoning_gym_config(tmp_path: Path) -> None:
     blend.write_text(json.dumps(row) + "\n")
     with pytest.raises(Exception, match=r"bad.jsonl:1: .*leg_counting.*max_animals"):
         prepare_rl(str(blend), PrepOptions(out=tmp_path / "out", val_rows=0))
-
-
-def test_cli_run_errors_are_one_line(tmp_path: Path) -> None:
-    from rlfleet_cli.main import app
-
-    result = CliRunner().invoke(app, ["run", "--resume", "--out", str(tmp_path / "nothing")])
-    assert result.exit_code == 1
-    assert "holds no run" in result.output and "Traceback" not in result.output
-    result = CliRunner().invoke(app, ["run", "--engine", "tgi", "--out", str(tmp_path / "x")])
-    assert result.exit_code == 2 and "--engine: expected vllm or hf" in result.output

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlfleet_contracts.run_folder import BLEND_MANIFEST
+
 Row = dict[str, Any]
 PLACEHOLDER_KEY = "_placeholder"
 
@@ -162,6 +164,6 @@ def write_split(out_dir: Path, split: str, rows: Iterable[Row]) -> dict[str, Any
 
 
 def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
-    path = out_dir / "manifest.json"
+    path = out_dir / BLEND_MANIFEST
     _write_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
     return path

@@ -17,7 +17,6 @@ import collections
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 from grpc import aio
@@ -196,17 +195,3 @@ async def wait_for_serving(target: str, service: str = "", timeout_s: float = 30
                 last = exc.code().name
             await asyncio.sleep(0.1)
     raise TimeoutError(f"{target} not SERVING after {timeout_s:.0f}s (last: {last})")
-
-
-def score_group_problem(reply: Any, expected: int) -> str | None:
-    """Why a RewardService.ScoreGroup reply cannot be used, or None: callers fail the
-    whole group on any failed score (never a silent 0)."""
-    from rlfleet_proto.v1 import reward_pb2
-
-    if len(reply.results) != expected:
-        return f"{len(reply.results)} results for {expected} responses"
-    for result in reply.results:
-        if result.failure_kind != reward_pb2.FAILURE_KIND_NONE:
-            kind = reward_pb2.FailureKind.Name(result.failure_kind)
-            return f"{kind}: {result.failure_reason}"
-    return None

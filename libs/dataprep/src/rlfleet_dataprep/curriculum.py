@@ -6,7 +6,7 @@ from easiest to hardest by the measured pass rate.
 It talks to the services over their public APIs only: K samples per prompt from an
 OpenAI-compatible `/v1/chat/completions` (the rollout service, or any such server), scored
 by the reward gateway's `ScoreGroup`. Without addresses, `rlfleet data prep` starts a
-rollout and a reward service of its own for the pass (rlfleet_pipeline.fleet.LocalFleet).
+rollout and a reward service of its own for the pass and hands their addresses here.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from rlfleet_contracts.reward_client import RewardClient, ScoreGroupFailed
 from rlfleet_contracts.rows import DataError, Row, env_of, prompt_messages
 
 SOLVED = 1.0
@@ -176,71 +176,29 @@ class GroupScorer:
     """Rewards from the reward gateway's ScoreGroup (gRPC, with a deadline per call)."""
 
     def __init__(self, target: str, timeout_s: float) -> None:
-        from rlfleet_core.client import connect_sync
-        from rlfleet_proto.v1 import reward_pb2_grpc
-
-        self.target = target
-        self.timeout_s = timeout_s
-        self.channel = connect_sync(target, default_timeout_s=timeout_s)
-        self.stub = reward_pb2_grpc.RewardServiceStub(self.channel)
+        self.client = RewardClient(target, timeout_s)
 
     def __call__(self, row: Row, completions: Sequence[Completion]) -> list[float]:
-        import grpc
-        from rlfleet_core.client import score_group_problem
-        from rlfleet_proto.v1 import reward_pb2
-
-        request = reward_pb2.ScoreGroupRequest(
-            request_id=f"curriculum-{row.get('id', '?')}",
-            env=env_of(row),
-            row_json=json.dumps(row),
-            responses=[reward_pb2.Response(text=t, num_tokens=n) for t, n in completions],
-        )
         try:
-            reply = self.stub.ScoreGroup(request, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            raise DataError(
-                f"row {row.get('id', '?')}: ScoreGroup on {self.target}: "
-                f"{exc.code().name} {exc.details()}"
-            ) from None
-        problem = score_group_problem(reply, len(completions))
-        if problem:
-            raise DataError(f"row {row.get('id', '?')} (env {env_of(row)}): {problem}")
-        return [float(r.reward) for r in reply.results]
+            scores = self.client.score_group(
+                f"curriculum-{row.get('id', '?')}", env_of(row), row, completions
+            )
+        except ScoreGroupFailed as exc:
+            raise DataError(f"row {row.get('id', '?')} (env {env_of(row)}): {exc}") from None
+        return [score.reward for score in scores]
 
     def close(self) -> None:
-        self.channel.close()
+        self.client.close()
 
 
 @contextmanager
 def curriculum_services(
-    options: CurriculumOptions,
-    *,
-    model: str,
-    engine: str,
-    log_dir: Path,
-    rollout_url: str | None = None,
-    reward_target: str | None = None,
-    log: Callable[[str], None] = print,
+    options: CurriculumOptions, *, rollout_url: str, reward_target: str
 ) -> Iterator[tuple[Generate, Score]]:
-    """(generate, score) over the given services, or over a rollout (`engine`, `model`)
-    and reward service started here and stopped on exit (logs under `log_dir/logs`)."""
-    from rlfleet_pipeline.fleet import LocalFleet
-
-    with ExitStack() as stack:
-        needed = [
-            n for n, given in (("reward", reward_target), ("rollout", rollout_url)) if not given
-        ]
-        if needed:
-            log(
-                f"starting {', '.join(needed)} for the curriculum pass (logs in {log_dir / 'logs'})"
-            )
-            overrides = {"rollout": [f"engine={engine}", f"model={model}"]}
-            fleet = stack.enter_context(LocalFleet(needed, log_dir, overrides=overrides))
-            if rollout_url is None:
-                rollout_url = f"http://127.0.0.1:{fleet.processes['rollout'].http_port}"
-            if reward_target is None:
-                reward_target = fleet.target("reward")
-        assert rollout_url is not None and reward_target is not None
-        scorer = GroupScorer(reward_target, options.timeout_s)
-        stack.callback(scorer.close)
+    """(generate, score) over a running OpenAI-compatible server and reward gateway; the
+    caller starts them when the user gave none (data prep stays free of the fleet)."""
+    scorer = GroupScorer(reward_target, options.timeout_s)
+    try:
         yield ChatSampler(rollout_url, options), scorer
+    finally:
+        scorer.close()

@@ -22,6 +22,7 @@ from rlfleet_contracts.rows import (
     write_manifest,
     write_split,
 )
+from rlfleet_contracts.run_folder import BLEND_MANIFEST
 
 from rlfleet_dataprep.curriculum import Generate, Score, measure, order_by_difficulty
 from rlfleet_dataprep.sources import fill_placeholder
@@ -118,7 +119,7 @@ def prepare_rl(
     options.check()
     name, path = resolve_blend(blend)
     out_dir = options.out / name
-    if (out_dir / "manifest.json").exists() and not options.force:
+    if (out_dir / BLEND_MANIFEST).exists() and not options.force:
         raise DataError(f"{out_dir} is already prepared; pass --force to rebuild it")
 
     rows: list[Row] = []

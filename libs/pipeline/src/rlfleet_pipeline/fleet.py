@@ -1,7 +1,8 @@
 """Starts rlfleet services as local processes on loopback and stops them cleanly.
 
-Used by `rlfleet up` and `rlfleet run`. Each service runs in its own process (and
-process session, so Ctrl-C in the terminal reaches only the supervisor, which then
+Used by `rlfleet up`, `rlfleet run`, `rlfleet rl` and the curriculum pass of `rlfleet data
+prep`. Each service runs as its own `python -m rlfleet_<service>` (no CLI in between) in
+its own process session (so Ctrl-C in the terminal reaches only the supervisor, which then
 stops the services in order), logs to <run_dir>/logs/<service>.log, and is considered
 up once the standard gRPC health check answers SERVING.
 """
@@ -12,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +20,10 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+from rlfleet_contracts.run_folder import PipelineFolder
 from rlfleet_core.client import check_health
+
+from rlfleet_pipeline.services import service_command
 
 # Start order: dependencies first (the reward gateway calls the sandbox); they are stopped
 # in reverse.
@@ -86,15 +89,12 @@ class LocalFleet:
         return self.processes[service].target
 
     def _spawn(self, name: str, port: int, http_port: int, wiring: list[str]) -> ServiceProcess:
-        log_dir = self.run_dir / "logs"
+        # run_dir is a pipeline's or a stage's folder: both keep service logs in logs/.
+        log_dir = PipelineFolder(self.run_dir).logs
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
         cmd = [
-            sys.executable,
-            "-m",
-            "rlfleet_cli.main",
-            "serve",
-            name,
+            *service_command(name),
             "--port",
             str(port),
             "--http-port",

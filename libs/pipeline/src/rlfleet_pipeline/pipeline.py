@@ -30,6 +30,7 @@ from typing import Any
 
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import DataError
+from rlfleet_contracts.run_folder import BLEND_MANIFEST, PipelineFolder, StageFolder
 from rlfleet_core.config import dump_yaml
 from rlfleet_dataprep.prep import PrepOptions, prepare_rl, resolve_blend
 
@@ -107,7 +108,7 @@ def start_run(
 ) -> tuple[RunSpec, Pipeline]:
     """Check the run folder against --resume and the overrides against every stage's
     recipe (before anything is written); return the spec to run and its pipeline."""
-    run_file = out / "run.json"
+    run_file = PipelineFolder(out).run_spec
     if resume:
         if not run_file.exists():
             raise PipelineError(
@@ -151,7 +152,7 @@ def data_dir(out: Path, stage: PipelineStage) -> Path:
         name, _ = resolve_blend(stage.blend)  # the name prepare_rl writes under
     except DataError as exc:
         raise PipelineError(f"stage {stage.name}: {exc}") from None
-    return out / "data" / name
+    return PipelineFolder(out).blend(name)
 
 
 def prepare_data(pipeline: Pipeline, out: Path) -> dict[str, Path]:
@@ -159,8 +160,10 @@ def prepare_data(pipeline: Pipeline, out: Path) -> dict[str, Path]:
     prepared: dict[str, Path] = {}
     for stage in pipeline.stages:
         target = data_dir(out, stage)
-        if not (target / "manifest.json").exists():
-            options = PrepOptions(out=out / "data", val_rows=pipeline.val_rows, force=True)
+        if not (target / BLEND_MANIFEST).exists():
+            options = PrepOptions(
+                out=PipelineFolder(out).data, val_rows=pipeline.val_rows, force=True
+            )
             try:
                 target, _ = prepare_rl(stage.blend, options)
             except DataError as exc:
@@ -182,7 +185,7 @@ def stage_recipe(
     model = (
         pipeline.model
         if index == 0
-        else str(out / "stages" / pipeline.stages[index - 1].name / "hf")
+        else str(PipelineFolder(out).stage(pipeline.stages[index - 1].name).hf)
     )
     wiring = [
         f"data.train_path={data_dir / 'train' / 'data.jsonl'}",
@@ -194,12 +197,13 @@ def stage_recipe(
 
 
 def stage_done(stage_dir: Path) -> bool:
-    return (stage_dir / "summary.json").exists() and (stage_dir / "hf" / "config.json").exists()
+    return StageFolder(stage_dir).finished()
 
 
 def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageResult:
-    heldout = json.loads((stage_dir / "heldout.json").read_text())
-    summary = json.loads((stage_dir / "summary.json").read_text())
+    folder = StageFolder(stage_dir)
+    heldout = json.loads(folder.heldout.read_text())
+    summary = json.loads(folder.summary.read_text())
 
     def split(result: dict[str, float]) -> tuple[float, dict[str, float]]:
         by_env = {k.removeprefix("reward/"): v for k, v in result.items() if k != "reward"}
@@ -216,7 +220,7 @@ def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageR
         steps=int(summary["step"]),
         wall_s=wall_s,
         checkpoint=str(summary.get("checkpoint", "")),
-        metrics_path=str(stage_dir / "metrics.jsonl"),
+        metrics_path=str(folder.metrics),
     )
 
 
@@ -224,7 +228,8 @@ def write_lineage(
     stage: PipelineStage, recipe: RecipeConfig, stage_dir: Path, data_dir: Path
 ) -> None:
     """Where the stage's weights came from and what they were trained on."""
-    manifest = json.loads((data_dir / "manifest.json").read_text())
+    folder = StageFolder(stage_dir)
+    manifest = json.loads((data_dir / BLEND_MANIFEST).read_text())
     lineage = {
         "stage": stage.name,
         "recipe": stage.recipe,
@@ -235,9 +240,9 @@ def write_lineage(
             "sources": manifest.get("sources", {}),
             "splits": manifest.get("splits", {}),
         },
-        "output": {"hf": str(stage_dir / "hf"), "checkpoints": str(stage_dir / "checkpoints")},
+        "output": {"hf": str(folder.hf), "checkpoints": str(folder.checkpoints())},
     }
-    (stage_dir / "lineage.json").write_text(json.dumps(lineage, indent=2) + "\n")
+    folder.lineage.write_text(json.dumps(lineage, indent=2) + "\n")
 
 
 class TrainerProcess:
@@ -279,21 +284,20 @@ def run_stage(
 ) -> None:
     """Train one stage to completion; raises PipelineError if the trainer fails."""
     stage_dir.mkdir(parents=True, exist_ok=True)
-    recipe_file = stage_dir / "recipe.yaml"
+    folder = StageFolder(stage_dir)
+    recipe_file = folder.recipe_yaml
     recipe_file.write_text(dump_yaml(recipe))
     extra = [f"services.{name}={target}" for name, target in sorted(targets.items())]
     if resume:
         extra.insert(0, "--resume")
-    trainer = TrainerProcess(
-        trainer_command(recipe_file, stage_dir, extra), stage_dir / "trainer.log"
-    )
+    trainer = TrainerProcess(trainer_command(recipe_file, stage_dir, extra), folder.trainer_log)
     try:
         while trainer.process.poll() is None:
-            on_poll(read_metrics(stage_dir / "metrics.jsonl"), current_phase(stage_dir))
+            on_poll(read_metrics(folder.metrics), current_phase(stage_dir))
             time.sleep(poll_s)
     finally:
         trainer.stop()
-    on_poll(read_metrics(stage_dir / "metrics.jsonl"), "done")
+    on_poll(read_metrics(folder.metrics), "done")
     if trainer.process.returncode != 0:
         raise PipelineError(
             f"stage {recipe.stage}: the trainer exited with code {trainer.process.returncode}; "
@@ -302,7 +306,7 @@ def run_stage(
 
 
 def current_phase(stage_dir: Path) -> str:
-    heldout = stage_dir / "heldout.json"
+    heldout = StageFolder(stage_dir).heldout
     if not heldout.exists():
         return "starting"
     return "training" if "after" not in json.loads(heldout.read_text()) else "finishing"
@@ -328,7 +332,7 @@ def run_pipeline(
     walls = read_walls(out)
     pending = [i for i, s in enumerate(pipeline.stages) if not stage_done(stage_path(out, s))]
     if pending:
-        log(f"starting {', '.join(pipeline.services)} (logs in {out / 'logs'})")
+        log(f"starting {', '.join(pipeline.services)} (logs in {PipelineFolder(out).logs})")
         overrides = {"rollout": [f"engine={spec.engine}", f"model={pipeline.model}"]}
         with LocalFleet(pipeline.services, out, overrides=overrides) as fleet:
             targets = {"rollout": fleet.target("rollout"), "reward": fleet.target("reward")}
@@ -353,18 +357,18 @@ def run_pipeline(
 
                 stage_dir.mkdir(parents=True, exist_ok=True)
                 write_lineage(stage, recipe, stage_dir.resolve(), data[stage.name])
-                resuming = resume and (stage_dir / "checkpoints").exists()
+                resuming = resume and StageFolder(stage_dir).checkpoints().exists()
                 run_stage(stage_dir, recipe, targets, resuming, on_poll)
                 walls[stage.name] = walls.get(stage.name, 0.0) + time.monotonic() - started
-                (out / "walls.json").write_text(json.dumps(walls, indent=2) + "\n")
+                PipelineFolder(out).walls.write_text(json.dumps(walls, indent=2) + "\n")
     results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in pipeline.stages]
     return write_report(out, results)
 
 
 def stage_path(out: Path, stage: PipelineStage) -> Path:
-    return out / "stages" / stage.name
+    return PipelineFolder(out).stage(stage.name).root
 
 
 def read_walls(out: Path) -> dict[str, float]:
-    path = out / "walls.json"
+    path = PipelineFolder(out).walls
     return {k: float(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}

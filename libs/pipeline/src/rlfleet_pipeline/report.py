@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt
+from rlfleet_contracts.run_folder import PipelineFolder
 
 
 @dataclass
@@ -88,6 +89,7 @@ def plot_heldout(stages: list[StageResult], path: Path) -> Path:
 
 def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     """Write report.json, report.md and plots/ under run_dir; return report.md."""
+    folder = PipelineFolder(run_dir)
     plots = []
     lines = [
         "# rlfleet run report",
@@ -102,7 +104,7 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
             f"{stage.heldout_reward_after:.3f} | {delta:+.3f} | {stage.wall_s:.0f} s |"
         )
         rows = read_metrics(Path(stage.metrics_path)) if stage.metrics_path else []
-        png = plot_stage(stage, rows, run_dir / "plots" / f"{stage.stage}_reward.png")
+        png = plot_stage(stage, rows, folder.plots / f"{stage.stage}_reward.png")
         if png:
             plots.append(png)
     envs = sorted({e for s in stages for e in (*s.heldout_by_env_before, *s.heldout_by_env_after)})
@@ -123,12 +125,12 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
             ]
             lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
     if stages:
-        plots.append(plot_heldout(stages, run_dir / "plots" / "heldout.png"))
+        plots.append(plot_heldout(stages, folder.plots / "heldout.png"))
     lines += ["", *[f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]]
-    (run_dir / "report.json").write_text(
+    folder.report_json.write_text(
         json.dumps({"stages": [asdict(s) for s in stages]}, indent=2) + "\n"
     )
-    report = run_dir / "report.md"
+    report = folder.report_md
     report.write_text("\n".join(lines) + "\n")
     return report
 

@@ -1,13 +1,15 @@
-"""Finds installed services through the `rlfleet.services` entry-point group, so the CLI
-depends on no service package: each service registers itself when installed."""
+"""Finds installed services through the `rlfleet.services` entry-point group, so neither
+the CLI nor the pipeline depends on a service package: each service registers itself
+when installed, and is started through its own `python -m rlfleet_<service>`."""
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import entry_points
 
 from rlfleet_core.server import ServiceDefinition
 
-# The services of DESIGN.md, in pipeline order; a name here that is not installed is
+# The services of rlfleet, in pipeline order; a name here that is not installed is
 # reported with the package to install.
 KNOWN_SERVICES = {
     "trainer": "rlfleet-trainer",
@@ -43,3 +45,15 @@ def get_service(name: str) -> ServiceDefinition:
         )
     known = ", ".join(sorted(set(KNOWN_SERVICES) | set(services)))
     raise ServiceNotFound(f"unknown service {name!r}; choose one of: {known}")
+
+
+def service_command(name: str) -> list[str]:
+    """The command that serves `name` in the foreground: the service's own
+    `python -m <package>`, which takes the flags of `rlfleet serve` (--port, --http-port,
+    --host, -c, key=value overrides). The package comes from the entry point when the
+    service is installed, else from its distribution name (for launch plans)."""
+    for ep in entry_points(group="rlfleet.services", name=name):
+        return [sys.executable, "-m", ep.module.partition(".")[0]]
+    if name in KNOWN_SERVICES:
+        return [sys.executable, "-m", KNOWN_SERVICES[name].replace("-", "_")]
+    raise ServiceNotFound(f"unknown service {name!r}; choose one of: {', '.join(KNOWN_SERVICES)}")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.config import dump_yaml
 from rlfleet_core.models import BUNDLED_MODELS
 
@@ -23,6 +24,7 @@ from rlfleet_pipeline.launch.compose import (
 )
 from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile, SlurmProfile
 from rlfleet_pipeline.launch.slurm import render_sbatch
+from rlfleet_pipeline.services import service_command
 
 STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo")
 SERVICES_FOR_STAGE = {
@@ -94,7 +96,7 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
     """What would run, as shell text."""
     kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
     services = SERVICES_FOR_STAGE[kind]
-    recipe_file = run_dir / "recipe.yaml"
+    recipe_file = StageFolder(run_dir).recipe_yaml
     if isinstance(profile, SlurmProfile):
         return render_sbatch(
             profile, recipe.stage, ["-c", str(recipe_file), "--run-dir", str(run_dir)]
@@ -121,7 +123,7 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
         f"# local: {', '.join(services)} as processes on free loopback ports (logs in {run_dir}/logs)"
     ]
     lines += [
-        f"{sys.executable} -m rlfleet_cli.main serve {s} --port <free> --http-port <free>"
+        f"{shlex.join(service_command(s))} --port <free> --http-port <free>"
         + (f" engine={engine} model={shlex.quote(recipe.policy.model)}" if s == "rollout" else "")
         for s in services
     ]
@@ -151,7 +153,7 @@ def run_local(
     """Start the stage's services locally, train, stop them; returns the trainer's exit code."""
     kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
     run_dir.mkdir(parents=True, exist_ok=True)
-    recipe_file = run_dir / "recipe.yaml"
+    recipe_file = StageFolder(run_dir).recipe_yaml
     recipe_file.write_text(dump_yaml(recipe))
     with LocalFleet(SERVICES_FOR_STAGE[kind], run_dir, overrides=service_overrides) as fleet:
         extra = [
@@ -212,7 +214,7 @@ def run_compose(
         )
         overrides.append("services.weight_transport=grpc_stream")
     run_dir.mkdir(parents=True, exist_ok=True)
-    recipe_file = run_dir / "recipe.yaml"
+    recipe_file = StageFolder(run_dir).recipe_yaml
     recipe_file.write_text(dump_yaml(recipe))
     say(
         f"compose project {stack.project}: starting {', '.join(services)} "
@@ -235,7 +237,7 @@ def run_compose(
         return code
     finally:
         try:
-            stack.save_logs(run_dir / "logs" / "compose.log")
+            stack.save_logs(StageFolder(run_dir).logs / "compose.log")
         except (ComposeError, OSError) as exc:
             say(f"could not save the containers' logs: {exc}")
         if keep_up:

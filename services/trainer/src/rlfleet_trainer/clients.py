@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 from grpc import aio
-from rlfleet_core.client import connect, score_group_problem
+from rlfleet_contracts.reward_client import score_group_problem
+from rlfleet_core.client import connect
 from rlfleet_proto.v1 import (
     common_pb2,
     reward_pb2,

@@ -1,10 +1,10 @@
-"""Client helpers that need no server."""
+"""The ScoreGroup reply check of the reward client (no server needed)."""
 
 from __future__ import annotations
 
 
 def test_score_group_problem_names_the_first_failure_or_a_count_mismatch() -> None:
-    from rlfleet_core.client import score_group_problem
+    from rlfleet_contracts.reward_client import score_group_problem
     from rlfleet_proto.v1 import reward_pb2
 
     ok = reward_pb2.ScoreResult(reward=1.0)

@@ -1,0 +1,1 @@
+"""The commands of `rlfleet`, one module per command group."""

@@ -1,0 +1,116 @@
+"""`rlfleet rl <stage> -c <recipe>`: one RL stage from a recipe, locally or under docker
+compose, or its resolved recipe and launch plan with --dry-run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rlfleet_core.config import ConfigError, dump_yaml
+
+from rlfleet_cli.ui import Overrides, config_failure, err, fail, out
+
+
+def rl(
+    stage: Annotated[str, typer.Argument(help="Stage kind: rlvr, swe, rlhf or grpo.")],
+    config: Annotated[
+        str,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Recipe: a YAML file or a bundled "
+            "name (super3/rlvr1, super3/swe1, super3/swe2, super3/rlhf, "
+            "nano3/grpo, test).",
+        ),
+    ],
+    run: Annotated[
+        str, typer.Option("--run", help="Profile from env.toml: local, compose or a SLURM profile.")
+    ] = "local",
+    dry_run: Annotated[
+        bool, typer.Option(help="Print the resolved recipe and the launch plan; start nothing.")
+    ] = False,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run folder [default: runs/<stage>].")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue the stage from its latest checkpoint.")
+    ] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="Rollout engine: vllm, or hf (transformers; fast for tiny models)."
+        ),
+    ] = "vllm",
+    keep_up: Annotated[
+        bool,
+        typer.Option(
+            "--keep-up", help="--run compose: leave the containers running after the stage."
+        ),
+    ] = False,
+    overrides: Overrides = None,
+) -> None:
+    """Run one RL stage from a recipe (or show its plan with --dry-run).
+
+    --run compose starts the stage's services from deploy/compose/compose.yaml
+    (`docker compose up --wait`), trains on this host against their published ports and
+    brings them down again (see docs/containers.md).
+    """
+    from rich.markup import escape
+    from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, load_profile
+    from rlfleet_pipeline.recipes import load_recipe
+    from rlfleet_pipeline.stage import (
+        ComposeError,
+        StageError,
+        check_stage,
+        launch_plan,
+        rollout_overrides,
+        run_compose,
+        run_local,
+        summary,
+    )
+
+    try:
+        recipe = load_recipe(config, overrides or [])
+        check_stage(stage, recipe, config)
+        profile = load_profile(run)
+        service_overrides = rollout_overrides(recipe, engine)
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    except StageError as exc:
+        raise fail(str(exc)) from None
+    run_dir = out_dir or Path("runs") / recipe.stage
+    if dry_run:
+        table = Table(title=f"{config} ({run})", show_header=False)
+        for key, value in summary(recipe):
+            table.add_row(key, value)
+        out.print(table)
+        out.print("# resolved recipe")
+        out.print(dump_yaml(recipe), end="", markup=False)
+        out.print("# launch plan")
+        out.print(launch_plan(recipe, profile, run_dir, engine), end="", markup=False)
+        return
+    if isinstance(profile, ComposeProfile):
+        try:
+            code = run_compose(
+                recipe,
+                profile,
+                run_dir,
+                resume,
+                engine=engine,
+                keep_up=keep_up,
+                say=lambda line: err.print(f"rlfleet: {line}", markup=False),
+            )
+        except StageError as exc:
+            raise fail(escape(str(exc))) from None
+        except ComposeError as exc:
+            raise fail(escape(str(exc)), code=1) from None
+        raise typer.Exit(code)
+    if not isinstance(profile, LocalProfile):
+        raise fail(
+            f"--run {run}: only local and compose stages start from this command today; "
+            f"use --dry-run to get the {profile.launcher} launch plan",
+            code=1,
+        )
+    raise typer.Exit(run_local(recipe, run_dir, resume, service_overrides))

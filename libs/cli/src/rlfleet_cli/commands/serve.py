@@ -1,0 +1,109 @@
+"""`rlfleet serve`, `rlfleet up` and `rlfleet version`: one service in the foreground, a
+local fleet until Ctrl-C, and the installed package versions."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rlfleet_core.config import ConfigError
+from rlfleet_core.server import load_service_config, package_version, run_service_blocking
+from rlfleet_pipeline.services import KNOWN_SERVICES, ServiceNotFound, get_service
+
+from rlfleet_cli.ui import ConfigPath, Overrides, config_failure, err, fail, out
+
+
+def version() -> None:
+    """Print the version of every rlfleet package."""
+    packages = ["rlfleet", "rlfleet-core", "rlfleet-proto", *KNOWN_SERVICES.values()]
+    width = max(map(len, packages))
+    for package in packages:
+        out.print(f"{package:<{width}}  {package_version(package)}")
+
+
+def serve(
+    service: Annotated[str, typer.Argument(help=f"One of: {', '.join(KNOWN_SERVICES)}.")],
+    port: Annotated[
+        int | None, typer.Option(help="gRPC port on --host (0 = pick a free one).")
+    ] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of the HTTP face (health, /metrics, "
+            "and the service's own API). Off if unset."
+        ),
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address.  [default: 127.0.0.1]")] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="rollout: generation engine, vllm or hf (same as engine=...)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="rollout: a local HF folder or a bundled model "
+            "(smollm2-135m-instruct, tiny); same as model=..."
+        ),
+    ] = None,
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """Run one service in the foreground until SIGTERM/Ctrl-C.
+
+    It answers the standard gRPC health check (NOT_SERVING while starting, SERVING when
+    ready) and reflection; SIGTERM lets calls in flight finish within server.grace_s.
+    """
+    try:
+        definition = get_service(service)
+        shortcuts = [
+            f"{key}={value}" for key, value in (("engine", engine), ("model", model)) if value
+        ]
+        cfg = load_service_config(
+            definition, config, [*(overrides or []), *shortcuts], port, http_port, host
+        )
+    except ServiceNotFound as exc:
+        raise fail(str(exc)) from None
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    raise typer.Exit(run_service_blocking(definition, cfg))
+
+
+def up(
+    services: Annotated[str, typer.Option(help="Comma-separated services to start.")] = ",".join(
+        KNOWN_SERVICES
+    ),
+    run_dir: Annotated[Path, typer.Option(help="Where service logs go.")] = Path("runs/up"),
+) -> None:
+    """Start services locally on free loopback ports, print their addresses, and keep them
+    running until Ctrl-C (then stop them gracefully)."""
+    import threading
+
+    from rlfleet_pipeline.fleet import FleetError, LocalFleet
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # explicit: SIGINT may arrive ignored
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with err.status("starting services..."):
+            fleet = LocalFleet([s.strip() for s in services.split(",") if s.strip()], run_dir)
+            fleet.start()
+    except FleetError as exc:
+        raise fail(str(exc), code=1) from None
+    table = Table(title="rlfleet services (Ctrl-C to stop)")
+    for column in ("service", "gRPC", "HTTP", "log"):
+        table.add_column(column)
+    for proc in fleet.processes.values():
+        table.add_row(
+            proc.name, proc.target, f"http://127.0.0.1:{proc.http_port}", str(proc.log_path)
+        )
+    out.print(table)
+    while not stop.wait(0.5):
+        dead = [p.name for p in fleet.processes.values() if p.process.poll() is not None]
+        if dead:
+            err.print(f"[bold red]rlfleet:[/] {', '.join(dead)} exited; stopping the rest")
+            break
+    codes = fleet.stop()
+    err.print("stopped: " + ", ".join(f"{name} ({code})" for name, code in codes.items()))
