@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.bench import BenchResult
 
 DESCRIPTION = (
@@ -335,7 +336,7 @@ async def measure_mode(
         finally:
             await ctx.rollout.close()
             await ctx.reward.close()
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = StageFolder(run_dir).metrics.read_text().splitlines()
     metrics = [json.loads(x) for x in lines][WARMUP_STEPS:]
     result = {
         "steps_per_hour": steps / (ends[-1] - ends[WARMUP_STEPS - 1]) * 3600,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from rlfleet_trainer.backends.megatron_backend import MegatronBackendConfig, MegatronPolicy
+from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
 from rlfleet_trainer.backends.megatron_convert import (
     ModelDims,
     gather_fc1,
@@ -24,6 +24,7 @@ from rlfleet_trainer.backends.megatron_convert import (
     merge_pipeline_stages,
     partition_dim,
 )
+from rlfleet_trainer.backends.megatron_setup import MegatronBackendConfig
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from grpc import aio
+from rlfleet_contracts.recipe import GenerationConfig
 from rlfleet_core.client import connect, score_group_problem
 from rlfleet_proto.v1 import (
     common_pb2,
@@ -54,6 +55,15 @@ class Sampling:
     top_k: int
     max_tokens: int
     seed: int | None = None
+
+    @classmethod
+    def from_generation(cls, generation: GenerationConfig) -> Sampling:
+        return cls(
+            temperature=generation.temperature,
+            top_p=generation.top_p,
+            top_k=generation.top_k,
+            max_tokens=generation.max_new_tokens,
+        )
 
 
 @dataclass(frozen=True)
