@@ -57,11 +57,23 @@ class Sampling:
     seed: int | None = None
 
     @classmethod
-    def from_generation(cls, generation: GenerationConfig) -> Sampling:
+    def from_generation(
+        cls, generation: GenerationConfig, temperature: float | None = None
+    ) -> Sampling:
+        """The recipe's sampling; with `temperature` (validation), at that temperature, where
+        greedy (0) turns top-p and top-k off too."""
+        if temperature is None:
+            return cls(
+                temperature=generation.temperature,
+                top_p=generation.top_p,
+                top_k=generation.top_k,
+                max_tokens=generation.max_new_tokens,
+            )
+        sampled = temperature > 0
         return cls(
-            temperature=generation.temperature,
-            top_p=generation.top_p,
-            top_k=generation.top_k,
+            temperature=temperature,
+            top_p=generation.top_p if sampled else 1.0,
+            top_k=generation.top_k if sampled else 0,
             max_tokens=generation.max_new_tokens,
         )
 

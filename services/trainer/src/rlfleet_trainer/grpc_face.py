@@ -5,19 +5,29 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 from grpc import aio
 from rlfleet_core.server import package_version
 from rlfleet_proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
-if TYPE_CHECKING:
-    from rlfleet_trainer.service import TrainerService
+from rlfleet_trainer.config import TrainerServiceConfig
+from rlfleet_trainer.loop import RunContext
+
+
+class StageRunner(Protocol):
+    """What the servicer reads of the service running the stage (TrainerService)."""
+
+    config: TrainerServiceConfig
+    ctx: RunContext | None
+    task: asyncio.Task[None] | None
+    phase: str
+    checkpoint_requests: list[asyncio.Future[tuple[Path, int]]]
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, service: TrainerService) -> None:
+    def __init__(self, service: StageRunner) -> None:
         self.service = service
 
     async def GetStatus(

@@ -337,12 +337,7 @@ async def validate(ctx: RunContext, label: str | None = None) -> dict[str, float
     if ctx.val_source is None:
         return {}
     val_source, g = ctx.val_source, ctx.recipe.grpo
-    sampling = Sampling(
-        temperature=g.val_temperature,
-        top_p=ctx.recipe.generation.top_p if g.val_temperature > 0 else 1.0,
-        top_k=ctx.recipe.generation.top_k if g.val_temperature > 0 else 0,
-        max_tokens=ctx.recipe.generation.max_new_tokens,
-    )
+    sampling = Sampling.from_generation(ctx.recipe.generation, g.val_temperature)
     count = min(g.num_val_prompts, len(val_source.rows))
 
     tag = label or "val"

@@ -59,28 +59,16 @@ def build_context(
     rows = rows if rows is not None else _rows(recipe.data.train_path, "data.train_path")
     if val_rows is None and recipe.data.val_path:
         val_rows = read_rows(recipe.data.val_path)
-    max_prompt = recipe.data.max_prompt_tokens or (
-        recipe.policy.max_total_sequence_length - recipe.generation.max_new_tokens
-    )
-
-    def source(data: Sequence[dict[str, Any]], shuffle: bool) -> PromptSource:
-        return PromptSource(
-            data,
-            tokenizer,
-            seed=recipe.grpo.seed,
-            shuffle=shuffle,
-            default_env=recipe.data.default_env,
-            max_prompt_tokens=max_prompt,
-        )
-
     services = recipe.services
     run_dir.mkdir(parents=True, exist_ok=True)
     StageFolder(run_dir).recipe_json.write_text(recipe.model_dump_json(indent=2))
     return RunContext(
         recipe=recipe,
         backend=build_backend(recipe, model_path),
-        source=source(rows, recipe.data.shuffle),
-        val_source=source(val_rows, False) if val_rows else None,
+        source=PromptSource.from_recipe(recipe, rows, tokenizer, recipe.data.shuffle),
+        val_source=PromptSource.from_recipe(recipe, val_rows, tokenizer, False)
+        if val_rows
+        else None,
         rollout=RolloutClient(
             services.rollout, services.generate_timeout_s, services.weight_bucket_bytes
         ),
