@@ -35,6 +35,7 @@ from rlfleet_trainer.algorithms.kl import compute_kl
 LOSS_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 
+# The defaults are the recipe schema's: a default changes in recipe.py only.
 _GRPO = GRPOConfig()
 
 
