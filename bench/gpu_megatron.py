@@ -34,27 +34,12 @@ LAYOUTS = {"tp1pp1": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2)}  # procs, tp
 
 
 def make_models(root: Path) -> list[Path]:
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from rlfleet_trainer.model_shapes import PARITY, save_random_model
 
-    common: dict[str, Any] = dict(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    configs = {
-        "llama": LlamaConfig(**common, tie_word_embeddings=False),
-        "qwen2-tied": Qwen2Config(**common, tie_word_embeddings=True),
-    }
-    paths = []
-    for name, config in configs.items():
-        torch.manual_seed(1)
-        AutoModelForCausalLM.from_config(config).save_pretrained(root / name)  # type: ignore[no-untyped-call]
-        paths.append(root / name)
-    return paths
+    return [
+        save_random_model(root / "llama", "llama", 1, **PARITY, tie_word_embeddings=False),
+        save_random_model(root / "qwen2-tied", "qwen2", 1, **PARITY, tie_word_embeddings=True),
+    ]
 
 
 def run_layout(name: str, models: list[Path], out: Path) -> float:

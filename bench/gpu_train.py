@@ -30,41 +30,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "services" / "trainer" / "src"))
+from rlfleet_trainer.model_shapes import LLAMA_1B, SMOKE, SMOLLM2_135M  # noqa: E402
 
 DESCRIPTION = "torch-backend GRPO training tokens/s and MFU on one GPU (bf16), 135M and ~1B"
 
-CONFIGS = {
-    # SmolLM2-135M's shape (tied embeddings, 49k vocabulary)
-    "smollm2-135m": dict(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-    ),
-    # Llama-3.2-1B's shape (~1.24B parameters)
-    "llama-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-    ),
-    # a CPU-sized smoke configuration
-    "tiny": dict(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        tie_word_embeddings=False,
-    ),
-}
+CONFIGS = {"smollm2-135m": SMOLLM2_135M, "llama-1b": LLAMA_1B, "tiny": SMOKE}
 
 
 def measure_bf16_peak(device: torch.device, size: int = 8192, iters: int = 20) -> float:

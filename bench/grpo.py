@@ -22,17 +22,8 @@ Two placements, chosen by what is visible:
   go trainer → rollout by an NCCL broadcast (services.weight_transport=nccl). The model
   is a randomly initialised Llama of SmolLM2-135M's shape (hidden 576, 30 layers, 9
   heads, 3 KV heads, tied embeddings) over the tiny model's 512-token vocabulary
-  (~106M parameters). The recipe (GPU_SHAPE) makes generation and training of similar
-  size (on two H200s: ~3.3 s generating, ~2 s logprobs + train + publish per step): 256
-  samples of ~780-token prompts for training, 48 new tokens for generation. It is ONE
-  prompt x 256 generations on purpose: the hf engine batches statically (a batch starts
-  with the samples waiting when the previous one ends), so with several prompts per step
-  sync mode apparently decodes the first-arriving prompt's samples alone and the rest in
-  a second batch (inferred from timings, not logged), while async always finds full
-  batches queued: 8 x 32 measured ~2x slower generation in sync (6.3 s vs 3.3 s) and an
-  async ratio (2.26x) above what overlap alone can give. One prompt per step keeps one
-  full batch per step in both modes, so the ratio measures the overlap. Learning is not
-  the point.
+  (~106M parameters). Why its recipe (GPU_SHAPE) is ONE prompt x 256 generations:
+  docs/trainer.md, Benchmarks.
 
     python bench/grpo.py [--quick] [--record bench/results]
         [--prompts N --generations G --prompt-repeats R --new-tokens T]
@@ -48,22 +39,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.bench import BenchResult
+from rlfleet_core.models import resolve_model
+from rlfleet_trainer.model_shapes import SMOLLM2_135M, random_model
+from rlfleet_trainer.testing import spawn_python, stop_process
 
 DESCRIPTION = (
     "GRPO steps/hour, async (max_trajectory_age_steps=1) vs sync; CPU tiny recipe, or 2 GPUs"
@@ -75,34 +67,7 @@ which waits for a whole step's generation with nothing to overlap."""
 
 PROMPT_PHRASE = "write the letter e, "
 
-PR_SET_PDEATHSIG = 1
-
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-# The reward double in a process of its own (pinned with the rollout, off the trainer's
-# core): prints its target, then serves until its stdin closes.
-REWARD_SERVER = """
-import asyncio, sys
-from pathlib import Path
-from rlfleet_trainer.testing import serve_doubles
-
-async def main():
-    async with serve_doubles(Path(sys.argv[1])) as (_, reward, _, _):
-        print(reward, flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-
-asyncio.run(main())
-"""
-
-SMOLLM2_SHAPE: dict[str, Any] = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    tie_word_embeddings=True,
-)
-"""SmolLM2-135M's shape (as bench/gpu_train.py), here over the tiny 512-token vocabulary."""
 
 
 @dataclass(frozen=True)
@@ -184,9 +149,6 @@ def prompts(repeats: int, count: int = 64) -> list[dict[str, Any]]:
     ]
 
 
-PROMPTS = prompts(CPU_SHAPE.prompt_repeats)
-
-
 def _recipe(placement: Placement, rollout: str, reward: str, age: int, steps: int) -> object:
     from rlfleet_contracts.recipe import RecipeConfig
     from rlfleet_core.config import load_config
@@ -242,24 +204,6 @@ def pin_this_process(cores: set[int]) -> None:
             os.sched_setaffinity(int(tid), cores)
 
 
-def _spawn(
-    args: list[str], core: int | None, env: dict[str, str], **kwargs: Any
-) -> subprocess.Popen[str]:
-    def pin() -> None:
-        if core is not None:
-            os.sched_setaffinity(0, {core})
-        with contextlib.suppress(Exception):  # Linux: the child ends if the bench dies
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return subprocess.Popen(
-        [sys.executable, *args],
-        env={**os.environ, **env},
-        preexec_fn=pin,  # two syscalls in the child before exec
-        text=True,
-        **kwargs,
-    )
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -274,26 +218,19 @@ async def _reward_target(
 
         _, target, _, _ = await stack.enter_async_context(serve_doubles(placement.model))
         return target
-    reward = _spawn(
-        ["-c", REWARD_SERVER, str(placement.model)],
+    reward = spawn_python(
+        ["-m", "rlfleet_trainer.testing", str(placement.model)],
         core,
         placement.reward_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
-    stack.callback(_stop, reward)
+    stack.callback(stop_process, reward)
     assert reward.stdout is not None
     target = (await asyncio.to_thread(reward.stdout.readline)).strip()
     if not target:
         raise RuntimeError("the reward double's process exited before serving")
     return target
-
-
-def _stop(process: subprocess.Popen[str]) -> None:
-    if process.stdin is not None:
-        process.stdin.close()
-    process.terminate()
-    process.wait(timeout=30)
 
 
 async def measure_mode(
@@ -313,14 +250,14 @@ async def measure_mode(
         args = ["-m", "rlfleet_rollout", "--port", str(port), "engine=hf"]
         # The rollout's log goes to stderr on GPU (a failure there must be readable).
         quiet = None if placement.gpu else subprocess.DEVNULL
-        rollout = _spawn(
+        rollout = spawn_python(
             [*args, f"model={placement.model}", *placement.engine_args()],
             side_core,
             placement.rollout_env(),
             stdout=subprocess.DEVNULL,
             stderr=quiet,
         )
-        stack.callback(_stop, rollout)
+        stack.callback(stop_process, rollout)
         reward_target = await _reward_target(stack, placement, side_core, reward_process)
         await wait_for_serving(f"127.0.0.1:{port}", timeout_s=300.0)
         recipe = _recipe(placement, f"127.0.0.1:{port}", reward_target, age, WARMUP_STEPS + steps)
@@ -335,7 +272,7 @@ async def measure_mode(
         finally:
             await ctx.rollout.close()
             await ctx.reward.close()
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = StageFolder(run_dir).metrics.read_text().splitlines()
     metrics = [json.loads(x) for x in lines][WARMUP_STEPS:]
     result = {
         "steps_per_hour": steps / (ends[-1] - ends[WARMUP_STEPS - 1]) * 3600,
@@ -372,23 +309,23 @@ def build_gpu_model(out: Path, seed: int = 0) -> int:
     """A randomly initialised SmolLM2-shaped Llama with the tiny model's tokenizer, saved
     as a HF folder; returns its parameter count."""
     import torch
-    from rlfleet_core.models import resolve_model
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig
 
     tiny = resolve_model("tiny")
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tiny_generation = GenerationConfig.from_pretrained(tiny)
-    config = LlamaConfig(
-        **SMOLLM2_SHAPE,
-        vocab_size=len(tokenizer),
+    shape = {**SMOLLM2_135M, "vocab_size": len(tokenizer)}  # the tiny 512-token vocabulary
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # init in seconds
+    model = random_model(
+        "llama",
+        seed,
+        device,
+        **shape,
         max_position_embeddings=4096,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tiny_generation.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # init in seconds
-        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     tiny_generation.save_pretrained(out)
@@ -438,7 +375,11 @@ def run(quick: bool, gpu_shape: Shape = GPU_SHAPE, force_cpu: bool = False) -> l
         else:
             torch.set_num_threads(1)  # one thread each: the trainer here, the rollout process
             placement = Placement(
-                resolve_tiny(), CPU_SHAPE, gpu=False, steps=4 if quick else 12, cores=plan_cores()
+                resolve_model("tiny"),
+                CPU_SHAPE,
+                gpu=False,
+                steps=4 if quick else 12,
+                cores=plan_cores(),
             )
             prepare(placement)
             extra = {
@@ -473,12 +414,6 @@ def run(quick: bool, gpu_shape: Shape = GPU_SHAPE, force_cpu: bool = False) -> l
             },
         )
     ]
-
-
-def resolve_tiny() -> Path:
-    from rlfleet_core.models import resolve_model
-
-    return resolve_model("tiny")
 
 
 def main() -> None:

@@ -58,7 +58,8 @@ def run_backend(policy: object, vocab: int) -> dict[str, object]:
 
 
 def megatron_policy(model: Path, tp: int, pp: int) -> object:
-    from rlfleet_trainer.backends.megatron_backend import MegatronBackendConfig, MegatronPolicy
+    from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
+    from rlfleet_trainer.backends.megatron_setup import MegatronBackendConfig
 
     # Micro-batches of 1 over 4 samples: the 1F1B schedule runs warm-up, steady state and
     # cool-down (and micro-batches of different lengths) even at PP=2.

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from rlfleet_trainer.backends.megatron_backend import MegatronBackendConfig, MegatronPolicy
+from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
 from rlfleet_trainer.backends.megatron_convert import (
     ModelDims,
     gather_fc1,
@@ -24,8 +24,10 @@ from rlfleet_trainer.backends.megatron_convert import (
     merge_pipeline_stages,
     partition_dim,
 )
+from rlfleet_trainer.backends.megatron_setup import MegatronBackendConfig
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from rlfleet_trainer.model_shapes import TEST_LLAMA, TEST_QWEN2_TIED, save_random_model
+from transformers import AutoConfig
 
 HERE = Path(__file__).parent
 spec = importlib.util.spec_from_file_location("megatron_parity", HERE / "megatron_parity.py")
@@ -37,42 +39,14 @@ spec.loader.exec_module(parity)
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """A 2-layer Llama (hidden 64, 4 heads, 2 kv heads, vocab 256), random weights."""
-    out = tmp_path_factory.mktemp("llama")
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    return out
+    return save_random_model(tmp_path_factory.mktemp("llama"), "llama", 1, **TEST_LLAMA)
 
 
 @pytest.fixture(scope="module")
 def tiny_qwen_tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-layer Qwen2 with tied embeddings (SmolLM2/small-Qwen2 style: the LM head is the
     word embedding), hidden 64, vocab 256, random weights."""
-    out = tmp_path_factory.mktemp("qwen_tied")
-    config = Qwen2Config(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(2)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    return out
+    return save_random_model(tmp_path_factory.mktemp("qwen_tied"), "qwen2", 2, **TEST_QWEN2_TIED)
 
 
 def torch_results(model: Path) -> dict[str, Any]:

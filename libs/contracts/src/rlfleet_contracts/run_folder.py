@@ -20,6 +20,7 @@ through these classes, so a renamed file cannot leave one side behind.
       trainer.log                 trainer stdout/stderr when a launcher captured it
       metrics.jsonl               one JSON object per step
       heldout.json                held-out reward {"before": {...}, "after": {...}, "samples"...}
+      heldout_<label>.jsonl       every held-out sample (text, reward) of one validation
       ledger.jsonl                prompt ledger (exactly-once accounting)
       summary.json                written last: the stage finished
       lineage.json                input checkpoint, data hashes, recipe (written by the pipeline)
@@ -64,6 +65,10 @@ class StageFolder:
     @property
     def heldout(self) -> Path:
         return self.root / "heldout.json"
+
+    def heldout_samples(self, label: str) -> Path:
+        """Every sample of the validation called `label` ("before", "after")."""
+        return self.root / f"heldout_{label}.jsonl"
 
     @property
     def ledger(self) -> Path:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from grpc import aio
+from rlfleet_contracts.recipe import GenerationConfig
 from rlfleet_contracts.reward_client import score_group_problem
 from rlfleet_core.client import connect
 from rlfleet_proto.v1 import (
@@ -55,6 +56,27 @@ class Sampling:
     top_k: int
     max_tokens: int
     seed: int | None = None
+
+    @classmethod
+    def from_generation(
+        cls, generation: GenerationConfig, temperature: float | None = None
+    ) -> Sampling:
+        """The recipe's sampling; with `temperature` (validation), at that temperature, where
+        greedy (0) turns top-p and top-k off too."""
+        if temperature is None:
+            return cls(
+                temperature=generation.temperature,
+                top_p=generation.top_p,
+                top_k=generation.top_k,
+                max_tokens=generation.max_new_tokens,
+            )
+        sampled = temperature > 0
+        return cls(
+            temperature=temperature,
+            top_p=generation.top_p if sampled else 1.0,
+            top_k=generation.top_k if sampled else 0,
+            max_tokens=generation.max_new_tokens,
+        )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_proto.v1 import rollout_pb2
 
 from rlfleet_trainer.batch import Trajectory
@@ -49,6 +50,27 @@ class CollectorStats:
 
 
 class Collector:
+    @classmethod
+    def from_recipe(
+        cls,
+        recipe: RecipeConfig,
+        source: PromptSource,
+        rollout: RolloutClient,
+        reward: RewardClient,
+        decode: Callable[[list[int]], str],
+    ) -> Collector:
+        g = recipe.grpo
+        return cls(
+            source,
+            rollout,
+            reward,
+            decode,
+            group_size=g.num_generations_per_prompt,
+            sampling=Sampling.from_generation(recipe.generation),
+            buffer_max_age=g.max_trajectory_age_steps,
+            max_failures=g.max_generation_failures,
+        )
+
     def __init__(
         self,
         source: PromptSource,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import env_of, prompt_messages, read_blend
 
 
@@ -51,6 +52,25 @@ def row_env(row: dict[str, Any], default_env: str) -> str:
 
 class PromptSource:
     """Infinite, seeded stream of prompts over a list of rows."""
+
+    @classmethod
+    def from_recipe(
+        cls, recipe: RecipeConfig, rows: Sequence[dict[str, Any]], tokenizer: Any, shuffle: bool
+    ) -> PromptSource:
+        """`shuffle` is the caller's: training rows follow `data.shuffle`, held-out rows
+        keep their order."""
+        data = recipe.data
+        max_prompt = data.max_prompt_tokens or (
+            recipe.policy.max_total_sequence_length - recipe.generation.max_new_tokens
+        )
+        return cls(
+            rows,
+            tokenizer,
+            seed=recipe.grpo.seed,
+            shuffle=shuffle,
+            default_env=data.default_env,
+            max_prompt_tokens=max_prompt,
+        )
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""The GRPO main loop, synchronous and asynchronous (DESIGN.md §1).
+"""The GRPO main loop, synchronous and asynchronous.
 
 Synchronous (`grpo.max_trajectory_age_steps=0`): generate a step's prompt groups with the
 current weights, train, publish, repeat — generation and training never overlap.
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.run_folder import StageFolder
 
 from rlfleet_trainer.algorithms import LossConfig
 from rlfleet_trainer.backends.base import PolicyBackend
@@ -38,7 +39,7 @@ from rlfleet_trainer.collector import Collector
 from rlfleet_trainer.data import PromptSource
 from rlfleet_trainer.ledger import Ledger, LedgerEntry
 from rlfleet_trainer.replay import PromptGroup
-from rlfleet_trainer.steps import loss_config_from_recipe, prepare_step, split_informative
+from rlfleet_trainer.steps import prepare_step, split_informative
 
 logger = logging.getLogger(__name__)
 
@@ -79,26 +80,35 @@ class RunContext:
     """SaveCheckpoint calls waiting for the next step boundary."""
 
     @property
+    def folder(self) -> StageFolder:
+        return StageFolder(self.run_dir)
+
+    @property
     def checkpoint_dir(self) -> Path:
-        path = Path(self.recipe.checkpoint.dir)
-        return path if path.is_absolute() else self.run_dir / path
+        return self.folder.checkpoints(self.recipe.checkpoint.dir)
 
 
 async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
     """Train `grpo.max_num_steps` steps (continuing from the latest checkpoint if
     `resume`); returns the final state. Every prompt issued ends in the ledger."""
     recipe, g = ctx.recipe, ctx.recipe.grpo
-    ledger = Ledger(ctx.run_dir / "ledger.jsonl")
-    collector = build_collector(ctx)
+    ledger = Ledger(ctx.folder.ledger)
+    collector = Collector.from_recipe(
+        recipe,
+        ctx.source,
+        ctx.rollout,
+        ctx.reward,
+        lambda ids: ctx.tokenizer.decode(ids, skip_special_tokens=True),
+    )
     state = await restore_or_start(ctx, ledger, collector, resume)
-    loss_config = loss_config_from_recipe(recipe)
+    loss_config = LossConfig.from_recipe(recipe)
     limit = g.num_prompts_per_step * max(2 * g.max_trajectory_age_steps, 1)
     collector.auto_fill_limit = limit if g.async_enabled else None
-    metrics_file = (ctx.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+    metrics_file = ctx.folder.metrics.open("a", encoding="utf-8")
     empty_steps = 0
-    if g.val_at_start and "before" not in read_heldout(ctx.run_dir):
+    if g.val_at_start and "before" not in read_heldout(ctx.folder):
         ctx.status["phase"] = "validating"
-        write_heldout(ctx.run_dir, "before", await validate(ctx, "before"))
+        write_heldout(ctx.folder, "before", await validate(ctx, "before"))
     try:
         while state.step < g.max_num_steps:
             started = time.monotonic()
@@ -154,31 +164,12 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
         state.data_cursor = ctx.source.cursor
         if g.val_at_end:
             ctx.status["phase"] = "validating"
-            write_heldout(ctx.run_dir, "after", await validate(ctx, "after"))
+            write_heldout(ctx.folder, "after", await validate(ctx, "after"))
         ctx.status["phase"] = "idle"
         return state
     finally:
         metrics_file.close()
         await collector.cancel()
-
-
-def build_collector(ctx: RunContext) -> Collector:
-    recipe = ctx.recipe
-    return Collector(
-        ctx.source,
-        ctx.rollout,
-        ctx.reward,
-        lambda ids: ctx.tokenizer.decode(ids, skip_special_tokens=True),
-        group_size=recipe.grpo.num_generations_per_prompt,
-        sampling=Sampling(
-            temperature=recipe.generation.temperature,
-            top_p=recipe.generation.top_p,
-            top_k=recipe.generation.top_k,
-            max_tokens=recipe.generation.max_new_tokens,
-        ),
-        buffer_max_age=recipe.grpo.max_trajectory_age_steps,
-        max_failures=recipe.grpo.max_generation_failures,
-    )
 
 
 async def restore_or_start(
@@ -342,16 +333,11 @@ async def validate(ctx: RunContext, label: str | None = None) -> dict[str, float
     """Reward over the first num_val_prompts held-out prompts (val_samples_per_prompt
     samples each at val_temperature): `reward` (the mean) and `reward/<env>`; empty
     without held-out data. With `label`, every sample (text, reward, weight version) goes
-    to `<run_dir>/heldout_<label>.jsonl`, to read what the numbers are made of."""
+    to the stage folder's held-out samples file for that label, to read what the numbers are made of."""
     if ctx.val_source is None:
         return {}
     val_source, g = ctx.val_source, ctx.recipe.grpo
-    sampling = Sampling(
-        temperature=g.val_temperature,
-        top_p=ctx.recipe.generation.top_p if g.val_temperature > 0 else 1.0,
-        top_k=ctx.recipe.generation.top_k if g.val_temperature > 0 else 0,
-        max_tokens=ctx.recipe.generation.max_new_tokens,
-    )
+    sampling = Sampling.from_generation(ctx.recipe.generation, g.val_temperature)
     count = min(g.num_val_prompts, len(val_source.rows))
 
     tag = label or "val"
@@ -386,7 +372,7 @@ async def validate(ctx: RunContext, label: str | None = None) -> dict[str, float
     if label is not None:
         samples.sort(key=lambda s: s["prompt"])
         lines = "".join(json.dumps(s) + "\n" for s in samples)
-        (ctx.run_dir / f"heldout_{label}.jsonl").write_text(lines, encoding="utf-8")
+        ctx.folder.heldout_samples(label).write_text(lines, encoding="utf-8")
     by_env: dict[str, list[float]] = {}
     for env, reward in results:
         by_env.setdefault(env, []).append(reward)
@@ -395,17 +381,17 @@ async def validate(ctx: RunContext, label: str | None = None) -> dict[str, float
     return summary
 
 
-def read_heldout(run_dir: Path) -> dict[str, dict[str, float]]:
-    path = run_dir / "heldout.json"
+def read_heldout(folder: StageFolder) -> dict[str, dict[str, float]]:
+    path = folder.heldout
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def write_heldout(run_dir: Path, when: str, result: dict[str, float]) -> None:
-    """heldout.json = {"before": {...}, "after": {...}}, replaced atomically."""
-    data = {**read_heldout(run_dir), when: result}
-    tmp = run_dir / "heldout.json.tmp"
+def write_heldout(folder: StageFolder, when: str, result: dict[str, float]) -> None:
+    """The held-out file = {"before": {...}, "after": {...}}, replaced atomically."""
+    data = {**read_heldout(folder), when: result}
+    tmp = folder.heldout.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(run_dir / "heldout.json")
+    tmp.replace(folder.heldout)
     logger.info("held-out reward %s: %.3f", when, result.get("reward", float("nan")))
 
 

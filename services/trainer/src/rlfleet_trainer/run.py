@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.run_folder import StageFolder
 
 from rlfleet_trainer.backends.base import PolicyBackend
 from rlfleet_trainer.checkpoint import TrainerState, latest_checkpoint
@@ -29,42 +30,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def logprob_temperature(recipe: RecipeConfig) -> float:
-    """τ the trainer divides logits by, matching the rollout's `generation.logprobs_mode`."""
-    if recipe.generation.logprobs_mode == "processed" and recipe.generation.temperature > 0:
-        return recipe.generation.temperature
-    return 1.0
-
-
 def build_backend(recipe: RecipeConfig, model_path: Path) -> PolicyBackend:
     """The policy backend named by `policy.backend`."""
-    p = recipe.policy
-    if p.backend == "torch":
-        from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
+    backend = recipe.policy.backend
+    if backend == "torch":
+        from rlfleet_trainer.backends.torch_backend import TorchPolicy
 
-        return TorchPolicy(
-            TorchBackendConfig(
-                model_path=model_path,
-                lr=recipe.grpo.lr,
-                weight_decay=p.optimizer.weight_decay,
-                betas=p.optimizer.betas,
-                eps=p.optimizer.eps,
-                max_grad_norm=p.optimizer.max_grad_norm,
-                warmup_steps=p.optimizer.warmup_steps,
-                dtype=p.dtype,
-                train_micro_batch_size=p.train_micro_batch_size,
-                logprob_micro_batch_size=p.logprob_micro_batch_size,
-                temperature=logprob_temperature(recipe),
-                keep_reference=recipe.grpo.kl_coef > 0,
-                activation_checkpointing=p.activation_checkpointing,
-                train_top_layers=p.train_top_layers,
-            )
-        )
-    if p.backend == "megatron":
+        return TorchPolicy.from_recipe(recipe, model_path)
+    if backend == "megatron":
         from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
 
         return MegatronPolicy.from_recipe(recipe, model_path)
-    raise ValueError(f"unknown policy.backend {p.backend!r}; valid: torch, megatron")
+    raise ValueError(f"unknown policy.backend {backend!r}; valid: torch, megatron")
 
 
 def build_context(
@@ -82,28 +59,16 @@ def build_context(
     rows = rows if rows is not None else _rows(recipe.data.train_path, "data.train_path")
     if val_rows is None and recipe.data.val_path:
         val_rows = read_rows(recipe.data.val_path)
-    max_prompt = recipe.data.max_prompt_tokens or (
-        recipe.policy.max_total_sequence_length - recipe.generation.max_new_tokens
-    )
-
-    def source(data: Sequence[dict[str, Any]], shuffle: bool) -> PromptSource:
-        return PromptSource(
-            data,
-            tokenizer,
-            seed=recipe.grpo.seed,
-            shuffle=shuffle,
-            default_env=recipe.data.default_env,
-            max_prompt_tokens=max_prompt,
-        )
-
     services = recipe.services
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "recipe.json").write_text(recipe.model_dump_json(indent=2))
+    StageFolder(run_dir).recipe_json.write_text(recipe.model_dump_json(indent=2))
     return RunContext(
         recipe=recipe,
         backend=build_backend(recipe, model_path),
-        source=source(rows, recipe.data.shuffle),
-        val_source=source(val_rows, False) if val_rows else None,
+        source=PromptSource.from_recipe(recipe, rows, tokenizer, recipe.data.shuffle),
+        val_source=PromptSource.from_recipe(recipe, val_rows, tokenizer, False)
+        if val_rows
+        else None,
         rollout=RolloutClient(
             services.rollout, services.generate_timeout_s, services.weight_bucket_bytes
         ),
@@ -132,8 +97,8 @@ async def run_stage(
     try:
         state = await run_grpo(ctx, resume=resume)
         if recipe.checkpoint.export_hf:
-            ctx.backend.export_hf(run_dir / "hf")
-        (run_dir / "summary.json").write_text(
+            ctx.backend.export_hf(ctx.folder.hf)
+        ctx.folder.summary.write_text(
             json.dumps(
                 {
                     "step": state.step,

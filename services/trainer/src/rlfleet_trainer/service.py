@@ -10,76 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
-import grpc
 from grpc import aio
-from pydantic import Field
-from rlfleet_contracts.recipe import RecipeConfig
-from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition, package_version
+from rlfleet_core.server import BaseService, ServiceDefinition
 from rlfleet_proto import TRAINER_SERVICE
-from rlfleet_proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from rlfleet_proto.v1 import trainer_pb2_grpc
 
+from rlfleet_trainer.config import TrainerServiceConfig
+from rlfleet_trainer.grpc_face import TrainerServicer
 from rlfleet_trainer.loop import RunContext
 
 logger = logging.getLogger(__name__)
-
-
-class TrainerServiceConfig(ServiceConfig):
-    """Settings of the trainer service (`server.*` is shared by every service)."""
-
-    recipe: RecipeConfig = RecipeConfig()
-    """The stage to train (dotted overrides: recipe.grpo.lr=1e-6 ...)."""
-    run_dir: str = "runs/trainer"
-    """Run folder: ledger, metrics, checkpoints, exported HF weights."""
-    autostart: bool = False
-    """Start training as soon as the service is up; otherwise it idles (status only)."""
-    resume: bool = False
-    """Continue from the latest checkpoint in run_dir."""
-    save_checkpoint_timeout_s: float = Field(3600.0, gt=0)
-    """How long SaveCheckpoint waits for the next step boundary."""
-
-
-class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, service: TrainerService) -> None:
-        self.service = service
-
-    async def GetStatus(
-        self, request: trainer_pb2.GetTrainerStatusRequest, context: aio.ServicerContext[Any, Any]
-    ) -> trainer_pb2.TrainerStatus:
-        ctx, cfg = self.service.ctx, self.service.config
-        status = ctx.status if ctx is not None else {}
-        return trainer_pb2.TrainerStatus(
-            stage=cfg.recipe.stage if self.service.task is not None else "",
-            phase=str(status.get("phase", self.service.phase)),
-            step=int(status.get("step", 0)),
-            total_steps=cfg.recipe.grpo.max_num_steps,
-            weight_version=int(status.get("weight_version", 0)),
-            metrics={k: float(v) for k, v in status.get("metrics", {}).items()},
-            build=common_pb2.BuildInfo(
-                service="trainer",
-                package="rlfleet-trainer",
-                version=package_version("rlfleet-trainer"),
-                proto_version=package_version("rlfleet-proto"),
-            ),
-        )
-
-    async def SaveCheckpoint(
-        self, request: trainer_pb2.SaveCheckpointRequest, context: aio.ServicerContext[Any, Any]
-    ) -> trainer_pb2.SaveCheckpointResponse:
-        task = self.service.task
-        if task is None or task.done():
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "no stage is training (start the service with autostart=true)",
-            )
-            raise AssertionError  # unreachable
-        future: asyncio.Future[tuple[Path, int]] = asyncio.get_running_loop().create_future()
-        self.service.checkpoint_requests.append(future)
-        path, step = await asyncio.wait_for(
-            future, timeout=self.service.config.save_checkpoint_timeout_s
-        )
-        return trainer_pb2.SaveCheckpointResponse(path=str(path), step=step)
 
 
 class TrainerService(BaseService):
@@ -110,7 +51,7 @@ class TrainerService(BaseService):
             self.ctx.checkpoint_requests = self.checkpoint_requests
             await run_grpo(self.ctx, resume=self.config.resume)
             if self.config.recipe.checkpoint.export_hf:
-                self.ctx.backend.export_hf(Path(self.config.run_dir) / "hf")
+                self.ctx.backend.export_hf(self.ctx.folder.hf)
             self.phase = "done"
         except Exception as exc:
             self.phase = "failed"

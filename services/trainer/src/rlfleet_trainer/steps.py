@@ -13,34 +13,12 @@ from rlfleet_contracts.recipe import RecipeConfig
 
 from rlfleet_trainer.algorithms import (
     REWARD_TIE,
-    LossConfig,
     compute_grpo_advantages,
     sample_loss_multiplier,
     zero_variance_groups,
 )
 from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
 from rlfleet_trainer.replay import PromptGroup
-
-
-def loss_config_from_recipe(recipe: RecipeConfig) -> LossConfig:
-    g = recipe.grpo
-    return LossConfig(
-        ratio_clip_min=g.ratio_clip_min,
-        ratio_clip_max=g.ratio_clip_max,
-        ratio_clip_c=g.ratio_clip_c,
-        loss_level=g.loss_level,
-        sequence_level_ratio=g.sequence_level_importance_ratios,
-        force_on_policy_ratio=g.force_on_policy_ratio,
-        kl_coef=g.kl_coef,
-        kl_type=g.kl_type,
-        kl_input_clamp=g.kl_input_clamp,
-        kl_output_clamp=g.kl_output_clamp,
-        use_on_policy_kl_approximation=g.use_on_policy_kl_approximation,
-        importance_sampling=g.importance_sampling,
-        importance_weight_min=g.importance_weight_min,
-        importance_weight_max=g.importance_weight_max,
-        seq_logprob_error_threshold=g.seq_logprob_error_threshold,
-    )
 
 
 @dataclass

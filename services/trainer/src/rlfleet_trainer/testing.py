@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -32,6 +37,9 @@ from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_p
 from safetensors.torch import load_file
 
 from rlfleet_trainer.clients import DTYPE_TO_TORCH
+
+# prctl option: a signal for the child when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
 
 
 class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
@@ -287,3 +295,43 @@ async def serve_doubles(
         for running in servers:
             running.stop_event.set()
             await running.done
+
+
+def spawn_python(
+    args: list[str], core: int | None, env: dict[str, str], **kwargs: Any
+) -> subprocess.Popen[str]:
+    """`python ARGS` in a child pinned to `core` (if any) that ends when this process dies."""
+
+    def pin() -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        with contextlib.suppress(Exception):  # Linux: the child ends if the bench dies
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return subprocess.Popen(
+        [sys.executable, *args],
+        env={**os.environ, **env},
+        preexec_fn=pin,  # two syscalls in the child before exec
+        text=True,
+        **kwargs,
+    )
+
+
+def stop_process(process: subprocess.Popen[str]) -> None:
+    """Close its stdin (a double serving until then ends), terminate, wait."""
+    if process.stdin is not None:
+        process.stdin.close()
+    process.terminate()
+    process.wait(timeout=30)
+
+
+async def _serve_reward_until_stdin_closes(model_path: Path) -> None:
+    async with serve_doubles(model_path) as (_, reward, _, _):
+        print(reward, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+
+if __name__ == "__main__":
+    # The reward double in a process of its own (bench/grpo.py): prints its target, then
+    # serves until its stdin closes.
+    asyncio.run(_serve_reward_until_stdin_closes(Path(sys.argv[1])))

@@ -19,9 +19,10 @@ Shape legend: B = sequences in the micro-batch, T = response tokens (padded).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
+from rlfleet_contracts.recipe import GRPOConfig, RecipeConfig
 
 from rlfleet_trainer.algorithms.importance import (
     compute_importance_weights,
@@ -34,25 +35,38 @@ from rlfleet_trainer.algorithms.kl import compute_kl
 LOSS_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 
+# The defaults are the recipe schema's: a default changes in recipe.py only.
+_GRPO = GRPOConfig()
+
+
 @dataclass(frozen=True)
 class LossConfig:
-    """The loss's knobs (built from the recipe's `grpo.*`; see recipe.py for each one)."""
+    """The loss's knobs: the recipe's `grpo.*` (defaults too; see recipe.py for each one)."""
 
-    ratio_clip_min: float = 0.2
-    ratio_clip_max: float = 0.28
-    ratio_clip_c: float | None = None
-    loss_level: str = "token"
-    sequence_level_ratio: bool = False
-    force_on_policy_ratio: bool = False
-    kl_coef: float = 0.0
-    kl_type: str = "k3"
-    kl_input_clamp: float | None = 20.0
-    kl_output_clamp: float | None = 10.0
-    use_on_policy_kl_approximation: bool = False
-    importance_sampling: str = "tis"
-    importance_weight_min: float = 0.0
-    importance_weight_max: float = 5.0
-    seq_logprob_error_threshold: float | None = None
+    ratio_clip_min: float = _GRPO.ratio_clip_min
+    ratio_clip_max: float = _GRPO.ratio_clip_max
+    ratio_clip_c: float | None = _GRPO.ratio_clip_c
+    loss_level: str = _GRPO.loss_level
+    sequence_level_ratio: bool = _GRPO.sequence_level_importance_ratios
+    force_on_policy_ratio: bool = _GRPO.force_on_policy_ratio
+    kl_coef: float = _GRPO.kl_coef
+    kl_type: str = _GRPO.kl_type
+    kl_input_clamp: float | None = _GRPO.kl_input_clamp
+    kl_output_clamp: float | None = _GRPO.kl_output_clamp
+    use_on_policy_kl_approximation: bool = _GRPO.use_on_policy_kl_approximation
+    importance_sampling: str = _GRPO.importance_sampling
+    importance_weight_min: float = _GRPO.importance_weight_min
+    importance_weight_max: float = _GRPO.importance_weight_max
+    seq_logprob_error_threshold: float | None = _GRPO.seq_logprob_error_threshold
+
+    @classmethod
+    def from_recipe(cls, recipe: RecipeConfig) -> LossConfig:
+        """Every field is the `grpo.*` knob of the same name, but for the GSPO switch."""
+        g = recipe.grpo
+        return cls(
+            sequence_level_ratio=g.sequence_level_importance_ratios,
+            **{f.name: getattr(g, f.name) for f in fields(cls) if f.name != "sequence_level_ratio"},
+        )
 
     def __post_init__(self) -> None:
         if self.loss_level not in LOSS_LEVELS:

@@ -24,63 +24,54 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rlfleet_contracts.recipe import PolicyConfig, RecipeConfig
 from safetensors.torch import save_file
 
-from rlfleet_trainer.algorithms.losses import LossConfig, LossInputs, compute_policy_loss
+from rlfleet_trainer.algorithms.losses import LossConfig
+from rlfleet_trainer.backends.base import BackendConfig
+from rlfleet_trainer.backends.microbatch import (
+    global_counts,
+    linear_warmup,
+    micro_batch_loss,
+    micro_batches,
+    score_micro_batches,
+    token_logprobs_and_entropy,
+)
 from rlfleet_trainer.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
 
 
+_POLICY = PolicyConfig()
+
+
 @dataclass
-class TorchBackendConfig:
-    model_path: Path
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    max_grad_norm: float | None = 1.0
-    warmup_steps: int = 0
-    dtype: str = "auto"
-    train_micro_batch_size: int = 4
-    logprob_micro_batch_size: int = 8
-    temperature: float = 1.0
-    """Logits are divided by this before log-softmax, so logprobs are those of the
-    distribution the rollout sampled from (NeMo-RL does the same)."""
-    keep_reference: bool = False
-    """Keep a frozen copy of the initial weights for KL (kl_coef > 0)."""
+class TorchBackendConfig(BackendConfig):
+    dtype: str = _POLICY.dtype
     fsdp: bool | None = None
     """Shard with FSDP2; None = when the default process group has more than one rank."""
-    activation_checkpointing: bool = False
-    train_top_layers: int | None = None
+    activation_checkpointing: bool = _POLICY.activation_checkpointing
+    train_top_layers: int | None = _POLICY.train_top_layers
     """Train only the top N decoder layers + final norm (the rest frozen); None = all."""
     device: str | None = None
     """None = cuda if available (this rank's GPU) else cpu."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def token_logprobs_and_entropy(
-    logits_NTV: torch.Tensor, targets_NT: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log softmax(z/τ)[target] and the entropy −Σ p log p of softmax(z/τ), in float32."""
-    logits_NTV = logits_NTV.float()
-    if temperature != 1.0:
-        logits_NTV = logits_NTV / temperature
-    log_probs_NTV = torch.log_softmax(logits_NTV, dim=-1)
-    logprobs_NT = log_probs_NTV.gather(-1, targets_NT.unsqueeze(-1)).squeeze(-1)
-    entropy_NT = -(log_probs_NTV.exp() * log_probs_NTV).sum(dim=-1)
-    return logprobs_NT, entropy_NT
-
-
-def _linear_warmup(warmup_steps: int) -> Any:
-    def factor(step: int) -> float:
-        return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
-
-    return factor
-
-
 class TorchPolicy:
     """`PolicyBackend` over a HF `AutoModelForCausalLM`."""
+
+    @classmethod
+    def from_recipe(cls, recipe: RecipeConfig, model_path: Path) -> TorchPolicy:
+        p = recipe.policy
+        return cls(
+            TorchBackendConfig(
+                **BackendConfig.recipe_values(recipe, model_path),
+                dtype=p.dtype,
+                activation_checkpointing=p.activation_checkpointing,
+                train_top_layers=p.train_top_layers,
+            )
+        )
 
     def __init__(self, config: TorchBackendConfig) -> None:
         from transformers import AutoModelForCausalLM
@@ -118,7 +109,7 @@ class TorchPolicy:
             fused=self.device.type == "cuda",
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _linear_warmup(config.warmup_steps)
+            self.optimizer, linear_warmup(config.warmup_steps)
         )
 
     # --- scoring --------------------------------------------------------------------------
@@ -153,57 +144,24 @@ class TorchPolicy:
         if model is None:
             raise RuntimeError("reference logprobs need keep_reference=True (grpo.kl_coef > 0)")
         model.eval()
-        out_NT = torch.zeros_like(batch.generation_logprobs_NT)
-        step = self.config.logprob_micro_batch_size
-        for start in range(0, batch.size, step):
-            part = batch.slice(start, min(start + step, batch.size))
-            logprobs_NT, _ = self._forward(model, part)
-            width = logprobs_NT.shape[1]
-            out_NT[start : start + part.size, :width] = logprobs_NT.float().cpu()
-        return out_NT
+        return score_micro_batches(
+            batch, self.config.logprob_micro_batch_size, lambda part: self._forward(model, part)[0]
+        )
 
     # --- training -------------------------------------------------------------------------
 
-    def _global_counts(self, batch: TrainBatch) -> tuple[float, float]:
-        counts = torch.tensor(
-            [batch.global_valid_tokens(), batch.global_valid_sequences()],
-            dtype=torch.float64,
-            device=self.device,  # NCCL reduces device tensors only
-        )
-        if self.world_size > 1:
-            # Each rank holds its slice of the global batch; the normaliser is global.
-            dist.all_reduce(counts)
-        return float(counts[0]), float(counts[1])
-
     def train_step(self, batch: TrainBatch, loss_config: LossConfig) -> dict[str, float]:
         self.model.train()
-        tokens, sequences = self._global_counts(batch)
+        # Each rank holds its slice of the global batch; the normaliser is global.
+        counts = global_counts(batch, self.device, reduce=self.world_size > 1)
         metrics: dict[str, float] = {}
-        step = self.config.train_micro_batch_size
-        for start in range(0, batch.size, step):
-            part = batch.slice(start, min(start + step, batch.size))
+        for part in micro_batches(batch, self.config.train_micro_batch_size):
             logprobs_NT, entropy_NT = self._forward(self.model, part)
-            mask_NT = part.mask_NT.to(self.device)
-            out = compute_policy_loss(
-                LossInputs(
-                    logprobs_BT=logprobs_NT,
-                    generation_logprobs_BT=part.generation_logprobs_NT.to(self.device),
-                    advantages_B=part.advantages_N.to(self.device),
-                    mask_BT=mask_NT,
-                    prev_logprobs_BT=_to(part.prev_logprobs_NT, self.device),
-                    reference_logprobs_BT=_to(part.reference_logprobs_NT, self.device),
-                    entropy_BT=entropy_NT,
-                ),
-                loss_config,
-                tokens,
-                sequences,
-            )
+            loss = micro_batch_loss(part, logprobs_NT, entropy_NT, loss_config, counts, metrics)
             # FSDP averages gradients over ranks; the loss is already divided by the
             # *global* token count, so ranks' gradients must add up: scale by the world
             # size (a divide factor of 1 needs PREMUL_SUM, which gloo lacks).
-            (out.loss * self.grad_scale).backward()  # type: ignore[no-untyped-call]
-            for key, value in out.metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + value
+            (loss * self.grad_scale).backward()  # type: ignore[no-untyped-call]
         metrics["grad_norm"] = self._clip_and_step()
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
@@ -302,7 +260,3 @@ def apply_fsdp(model: torch.nn.Module) -> None:
     for layer in layers:
         fully_shard(layer)
     fully_shard(model)
-
-
-def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return None if t is None else t.to(device)

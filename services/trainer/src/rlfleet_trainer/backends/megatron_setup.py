@@ -1,0 +1,166 @@
+"""Setting up a megatron-core policy: its config, the checks that refuse what the backend
+cannot run, the process groups, and each pipeline stage's `GPTModel` loaded from HF weights.
+
+Megatron on CPU needs `use_cpu_initialization`, every fusion off, the RNG tracker
+re-initialised and `torch.cuda.current_device` routed to the CPU; all of that happens here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rlfleet_contracts.recipe import PolicyConfig
+
+from rlfleet_trainer.backends.base import BackendConfig
+from rlfleet_trainer.backends.megatron_convert import ModelDims, stage_layers
+
+_POLICY = PolicyConfig()
+
+
+@dataclass
+class MegatronBackendConfig(BackendConfig):
+    tensor_parallel_size: int = _POLICY.tensor_parallel_size
+    pipeline_parallel_size: int = _POLICY.pipeline_parallel_size
+    context_parallel_size: int = _POLICY.context_parallel_size
+    expert_parallel_size: int = _POLICY.expert_parallel_size
+    seed: int = 0
+
+
+def check_parallel_sizes(config: MegatronBackendConfig, dims: ModelDims) -> None:
+    """Refuse what this backend cannot run, before any process group exists."""
+    if config.context_parallel_size != 1:
+        raise NotImplementedError(
+            f"policy.context_parallel_size={config.context_parallel_size}: context "
+            "parallelism needs Transformer Engine attention, which the megatron backend does "
+            "not use (local layer spec); set it to 1"
+        )
+    if config.expert_parallel_size != 1:
+        raise NotImplementedError(
+            f"policy.expert_parallel_size={config.expert_parallel_size}: expert parallelism "
+            "needs an MoE model and the supported Llama/Qwen2 family is dense; set it to 1"
+        )
+    stage_layers(dims.num_layers, 0, config.pipeline_parallel_size)  # raises if uneven
+
+
+def init_megatron(config: MegatronBackendConfig) -> None:
+    """Default process group (from torchrun's env, or a world of 1), Megatron's parallel
+    state and RNG tracker."""
+    import os
+
+    if torch.cuda.is_available():
+        # One GPU per local rank (NCCL refuses two ranks on one device).
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        # Megatron asks for the current CUDA device in a few places; on CPU there is none.
+        torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29511")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(
+            backend,
+            rank=int(os.environ.get("RANK", 0)),
+            world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        )
+    from megatron.core import parallel_state  # type: ignore[import-untyped]
+    from megatron.core.tensor_parallel.random import initialize_rng_tracker  # type: ignore[import-untyped]
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    model_parallel = config.tensor_parallel_size * config.pipeline_parallel_size
+    if dist.get_world_size() % model_parallel:
+        raise ValueError(
+            f"world size {dist.get_world_size()} is not a multiple of "
+            f"policy.tensor_parallel_size × policy.pipeline_parallel_size ({model_parallel}); "
+            "launch TP × PP × DP processes"
+        )
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=config.tensor_parallel_size,
+        pipeline_model_parallel_size=config.pipeline_parallel_size,
+    )
+    initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    torch.manual_seed(config.seed)
+
+
+def build_gpt_model(
+    dims: ModelDims, tp_size: int, pp_size: int = 1, pp_rank: int = 0
+) -> torch.nn.Module:
+    """This stage's `GPTModel`: its share of the layers, the embedding if first, the final
+    norm and output layer if last (Megatron reads the PP rank from parallel_state)."""
+    import torch.nn.functional as F
+    from megatron.core.models.gpt import GPTModel  # type: ignore[import-untyped]
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # type: ignore[import-untyped]
+    from megatron.core.transformer.transformer_config import TransformerConfig  # type: ignore[import-untyped]
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset  # type: ignore[import-untyped]
+
+    config = TransformerConfig(
+        num_layers=dims.num_layers,
+        hidden_size=dims.hidden_size,
+        num_attention_heads=dims.num_heads,
+        num_query_groups=dims.num_query_groups,
+        kv_channels=dims.head_dim,
+        ffn_hidden_size=dims.ffn_hidden_size,
+        tensor_model_parallel_size=tp_size,
+        pipeline_model_parallel_size=pp_size,
+        pipeline_dtype=torch.float32,  # required by Megatron when PP > 1; our p2p sends fp32
+        normalization="RMSNorm",
+        layernorm_epsilon=dims.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=dims.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        use_cpu_initialization=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        params_dtype=torch.float32,
+    )
+    layers = stage_layers(dims.num_layers, pp_rank, pp_size)
+    if pp_size > 1 and get_transformer_layer_offset(config, pp_rank=pp_rank) != layers.start:
+        raise RuntimeError(
+            "megatron-core splits the layers differently from megatron_convert.stage_layers; "
+            "the HF weights would land on the wrong layers"
+        )
+    model: torch.nn.Module = GPTModel(
+        config,
+        get_gpt_layer_local_spec(),
+        vocab_size=dims.vocab_size,
+        max_sequence_length=dims.max_position_embeddings,
+        pre_process=pp_rank == 0,
+        post_process=pp_rank == pp_size - 1,
+        position_embedding_type="rope",
+        rotary_base=int(dims.rope_theta),
+        # Across stages a tied embedding is two parameters that we keep equal ourselves:
+        # Megatron's own set-up of the shared copy moves it to CUDA.
+        share_embeddings_and_output_weights=dims.tied_embeddings and pp_size == 1,
+        parallel_output=False,  # full-vocab logits: the loss code is shared with torch
+    )
+    return model
+
+
+def load_megatron_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"megatron state mismatch: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
+
+
+def load_hf_state(model_path: Path, load_file: Any) -> dict[str, torch.Tensor]:
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_path}: no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
