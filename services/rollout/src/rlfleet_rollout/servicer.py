@@ -10,7 +10,8 @@ from grpc import aio
 from rlfleet_core.errors import FailedPrecondition, InvalidArgument
 from rlfleet_core.server import package_version
 from rlfleet_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from rlfleet_weights.buckets import WeightAssembler, plan_buckets
+from rlfleet_weights.grpc_stream import WeightAssembler
+from rlfleet_weights.plan import plan_buckets
 
 from rlfleet_rollout import metrics
 from rlfleet_rollout.config import RolloutServiceConfig

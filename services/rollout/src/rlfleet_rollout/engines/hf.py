@@ -27,14 +27,8 @@ from typing import Any
 
 import torch
 from rlfleet_core.errors import InvalidArgument
-from rlfleet_weights.buckets import (
-    GroupSpec,
-    WeightGroup,
-    copy_into,
-    home_buckets,
-    receive_weights,
-    receive_weights_into,
-)
+from rlfleet_weights.collective import GroupSpec, WeightGroup, receive_weights, receive_weights_into
+from rlfleet_weights.plan import copy_into, home_buckets
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import check_newer, resolve_dtype
