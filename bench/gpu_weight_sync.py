@@ -67,7 +67,12 @@ def build_model(name: str, device: torch.device) -> torch.nn.Module:
 
 
 def worker(rank: int, port: int, models: list[str], repeats: int, bucket_bytes: int, queue) -> None:  # type: ignore[no-untyped-def]
-    from rlfleet_weights.collective import GroupSpec, WeightGroup, receive_weights_into, send_weights
+    from rlfleet_weights.collective import (
+        GroupSpec,
+        WeightGroup,
+        receive_weights_into,
+        send_weights,
+    )
     from rlfleet_weights.plan import plan_buckets, specs_of
 
     torch.cuda.set_device(rank)
