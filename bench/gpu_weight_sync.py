@@ -1,5 +1,5 @@
 """Trainer → rollout weight broadcast over NCCL between two GPUs: rlfleet's weight path
-(`rlfleet_weights.buckets`: bucket plan, double-buffered pack/broadcast, receive straight into
+(`rlfleet_weights`: bucket plan, double-buffered pack/broadcast, receive straight into
 the live model's parameters) against a bare ProcessGroupNCCL broadcast of the same bucket
 sizes between preallocated buffers, in the same run. Target: >= 0.8x the bare broadcast.
 
@@ -67,14 +67,13 @@ def build_model(name: str, device: torch.device) -> torch.nn.Module:
 
 
 def worker(rank: int, port: int, models: list[str], repeats: int, bucket_bytes: int, queue) -> None:  # type: ignore[no-untyped-def]
-    from rlfleet_weights.buckets import (
+    from rlfleet_weights.collective import (
         GroupSpec,
         WeightGroup,
-        plan_buckets,
         receive_weights_into,
         send_weights,
-        specs_of,
     )
+    from rlfleet_weights.plan import plan_buckets, specs_of
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)

@@ -138,7 +138,8 @@ def _ours(model_dir: Path, state: dict[str, Any], repeats: int) -> list[float]:
     import grpc
     from rlfleet_core.client import wait_for_serving
     from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
-    from rlfleet_weights.buckets import GroupSpec, WeightGroup, send_weights, specs_of
+    from rlfleet_weights.collective import GroupSpec, WeightGroup, send_weights
+    from rlfleet_weights.plan import specs_of
 
     grpc_port = _free_port()
     service = subprocess.Popen(
@@ -212,7 +213,7 @@ def _ours(model_dir: Path, state: dict[str, Any], repeats: int) -> list[float]:
 
 
 def _bucket_sizes(state: dict[str, Any]) -> list[int]:
-    from rlfleet_weights.buckets import plan_buckets, specs_of
+    from rlfleet_weights.plan import plan_buckets, specs_of
 
     return [b.nbytes for b in plan_buckets(specs_of(state), BUCKET_BYTES).buckets]
 

@@ -1,4 +1,4 @@
-"""rlfleet_weights.buckets: packing, in-place buckets (`home_buckets`) and receiving
+"""rlfleet_weights: packing, in-place buckets (`home_buckets`) and receiving
 straight into a model's tensors over a gloo group (both ranks in this process)."""
 
 from __future__ import annotations
@@ -11,15 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlfleet_weights.buckets import (  # noqa: E402
-    GroupSpec,
-    WeightGroup,
-    _direct_view,
+from rlfleet_weights.collective import GroupSpec, WeightGroup, receive_weights_into, send_weights  # noqa: E402
+from rlfleet_weights.plan import (  # noqa: E402
+    direct_view,
     home_buckets,
     pack_bucket,
     plan_buckets,
-    receive_weights_into,
-    send_weights,
     specs_of,
     unpack_bucket,
 )
@@ -62,14 +59,14 @@ def test_home_buckets_lays_packed_buckets_out_in_place() -> None:
     before = {k: v.detach().clone() for k, v in targets.items()}
     plan = plan_buckets(specs_of(targets), 1 << 20)
     assert len(plan.buckets) == 1 and len(plan.buckets[0].slots) == 4
-    assert _direct_view(plan.buckets[0], targets, "cpu") is None
+    assert direct_view(plan.buckets[0], targets, "cpu") is None
     assert home_buckets(plan, targets) == 1
     assert home_buckets(plan, targets) == 0  # already in place
     # Same Parameter objects (the module still uses them), same values, new memory.
     assert all(a is b for a, b in zip(targets.values(), model.parameters(), strict=True))
     for name, value in targets.items():
         assert torch.equal(value, before[name])
-    flat = _direct_view(plan.buckets[0], targets, "cpu")
+    flat = direct_view(plan.buckets[0], targets, "cpu")
     assert flat is not None and flat.numel() == plan.buckets[0].nbytes
     # Writing the bucket writes the model.
     with torch.no_grad():

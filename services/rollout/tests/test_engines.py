@@ -26,13 +26,9 @@ from rlfleet_core.models import resolve_model
 from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.service import SERVICE
-from rlfleet_weights.buckets import (
-    GroupSpec,
-    WeightGroup,
-    iter_weight_chunks,
-    send_weights,
-    specs_of,
-)
+from rlfleet_weights.collective import GroupSpec, WeightGroup, send_weights
+from rlfleet_weights.grpc_stream import iter_weight_chunks
+from rlfleet_weights.plan import specs_of
 from transformers import AutoModelForCausalLM
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]

@@ -85,7 +85,7 @@ async def scenario() -> None:
     from rlfleet_core.testing import running_service
     from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
     from rlfleet_rollout.service import SERVICE
-    from rlfleet_weights.buckets import iter_weight_chunks
+    from rlfleet_weights.grpc_stream import iter_weight_chunks
     from transformers import AutoModelForCausalLM
 
     overrides = [

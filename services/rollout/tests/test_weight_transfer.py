@@ -1,4 +1,4 @@
-"""Bucket plans and the gRPC-stream framing of weights (rlfleet_weights.buckets), and a
+"""Bucket plans and the gRPC-stream framing of weights (rlfleet_weights), and a
 gloo broadcast between two processes through a group built from a TCPStore."""
 
 from __future__ import annotations
@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from rlfleet_proto.v1 import rollout_pb2
-from rlfleet_weights.buckets import (
-    GroupSpec,
-    WeightAssembler,
-    WeightGroup,
-    iter_weight_chunks,
-    plan_buckets,
-    send_weights,
-    specs_of,
-)
+from rlfleet_weights.collective import GroupSpec, WeightGroup, send_weights
+from rlfleet_weights.grpc_stream import WeightAssembler, iter_weight_chunks
+from rlfleet_weights.plan import plan_buckets, specs_of
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -86,7 +80,8 @@ def _free_port() -> int:
 
 _RECEIVER = """
 import sys, torch
-from rlfleet_weights.buckets import GroupSpec, WeightGroup, plan_buckets, receive_weights, specs_of
+from rlfleet_weights.collective import GroupSpec, WeightGroup, receive_weights
+from rlfleet_weights.plan import plan_buckets, specs_of
 from rlfleet_proto.v1 import rollout_pb2
 port, out = int(sys.argv[1]), sys.argv[2]
 header = rollout_pb2.UpdateWeightsRequest.FromString(open(out + ".header", "rb").read())

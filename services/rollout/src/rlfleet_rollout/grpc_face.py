@@ -10,7 +10,9 @@ from grpc import aio
 from rlfleet_core.errors import FailedPrecondition, InvalidArgument
 from rlfleet_core.server import package_version
 from rlfleet_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from rlfleet_weights.buckets import WeightAssembler, plan_buckets
+from rlfleet_weights.filesystem import read_weights_file
+from rlfleet_weights.grpc_stream import WeightAssembler
+from rlfleet_weights.plan import plan_buckets
 
 from rlfleet_rollout import metrics
 from rlfleet_rollout.config import RolloutServiceConfig
@@ -220,11 +222,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
 
 def _load_file(path: str) -> dict[str, Any]:
-    if not path:
-        raise InvalidArgument("file_path", "SHARED_FILE needs the path of a safetensors file")
-    from safetensors.torch import load_file
-
     try:
-        return dict(load_file(path))
-    except (OSError, ValueError) as exc:
-        raise InvalidArgument("file_path", f"cannot read {path}: {exc}") from None
+        return read_weights_file(path)
+    except ValueError as exc:
+        raise InvalidArgument("file_path", str(exc)) from None

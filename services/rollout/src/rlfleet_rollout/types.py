@@ -83,7 +83,7 @@ class WeightUpdate:
 
     version: int
     plan: Any = None
-    """rlfleet_weights.buckets.BucketPlan for a collective transfer."""
+    """rlfleet_weights.plan.BucketPlan for a collective transfer."""
     tensors: dict[str, Any] | None = None
     recompute_kv_cache: bool = False
 

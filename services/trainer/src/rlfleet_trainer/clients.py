@@ -5,12 +5,10 @@ failure is an exception naming the prompt and the status, never a silent default
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,26 +17,15 @@ from rlfleet_contracts.recipe import GenerationConfig
 from rlfleet_contracts.reward_client import score_group_problem
 from rlfleet_core.client import connect
 from rlfleet_proto.v1 import (
-    common_pb2,
     reward_pb2,
     reward_pb2_grpc,
     rollout_pb2,
     rollout_pb2_grpc,
 )
-from safetensors.torch import save_file
+from rlfleet_weights.base import WeightPublish, WeightSender
+from rlfleet_weights.factory import make_sender
 
 logger = logging.getLogger(__name__)
-
-TORCH_TO_DTYPE = {
-    torch.float32: common_pb2.DTYPE_FLOAT32,
-    torch.bfloat16: common_pb2.DTYPE_BFLOAT16,
-    torch.float16: common_pb2.DTYPE_FLOAT16,
-    torch.float64: common_pb2.DTYPE_FLOAT64,
-    torch.int64: common_pb2.DTYPE_INT64,
-    torch.int32: common_pb2.DTYPE_INT32,
-    torch.uint8: common_pb2.DTYPE_UINT8,
-}
-DTYPE_TO_TORCH = {v: k for k, v in TORCH_TO_DTYPE.items()}
 
 
 class GenerationFailed(RuntimeError):
@@ -97,9 +84,7 @@ class RolloutClient:
         self._channel: aio.Channel | None = None
         # grpc's stub types describe the blocking API; the aio stub is used untyped.
         self._stub: Any = None
-        self.group: Any = None
-        """The weight group (rlfleet_weights.buckets.WeightGroup) once formed."""
-        self.transport = rollout_pb2.WEIGHT_TRANSPORT_UNSPECIFIED
+        self._sender: WeightSender | None = None
         self.recompute_kv_cache = False
         """Sent with every update (grpo.recompute_kv_cache_after_weight_updates)."""
 
@@ -111,6 +96,8 @@ class RolloutClient:
         return self._stub
 
     async def close(self) -> None:
+        if self._sender is not None:
+            await self._sender.close()
         if self._channel is not None:
             await self._channel.close()
 
@@ -161,112 +148,24 @@ class RolloutClient:
         status = await self.stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30.0)
         return int(status.weight_version), str(status.model)
 
-    async def publish_stream(
-        self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]
+    async def publish_weights(
+        self,
+        kind: str,
+        version: int,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        shared_dir: str | None = None,
     ) -> rollout_pb2.UpdateWeightsResponse:
-        """StreamWeights: a header with every tensor's spec, then raw chunks in order
-        (rlfleet_weights.buckets' wire layout, which the rollout's assembler checks)."""
-        from rlfleet_weights.buckets import iter_weight_chunks
-
-        state = {name: t.detach().cpu().contiguous() for name, t in tensors}
-        header = rollout_pb2.UpdateWeightsRequest(
-            weight_version=version,
-            bucket_bytes=self.bucket_bytes,
-            recompute_kv_cache=self.recompute_kv_cache,
-        )
-
-        async def messages() -> AsyncIterator[rollout_pb2.WeightChunk]:
-            for message in iter_weight_chunks(header, state, min(self.bucket_bytes, 16 << 20)):
-                yield message
-
-        reply: rollout_pb2.UpdateWeightsResponse = await self.stub.StreamWeights(
-            messages(), timeout=600.0
-        )
-        return reply
-
-    async def init_collective(self, backend: str, timeout_s: float = 120.0) -> None:
-        """Form the trainer(rank 0)↔engine weight group once: InitWeightTransfer and our
-        side of the rendezvous run concurrently (each blocks until the other joins)."""
-        import socket
-
-        from rlfleet_weights.buckets import GroupSpec, WeightGroup
-
-        status = await self.stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30.0)
-        workers = max(int(status.num_replicas), 1)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        spec = GroupSpec("127.0.0.1", port, 1 + workers, 0, backend, timeout_s)
-        transport = (
-            rollout_pb2.WEIGHT_TRANSPORT_NCCL
-            if backend == "nccl"
-            else rollout_pb2.WEIGHT_TRANSPORT_GLOO
-        )
-        request = rollout_pb2.InitWeightTransferRequest(
-            transport=transport,
-            master_address="127.0.0.1",
-            master_port=port,
-            world_size=1 + workers,
-            rank_offset=1,
-            timeout_s=timeout_s,
-        )
-        group_task = asyncio.create_task(asyncio.to_thread(WeightGroup, spec))
-        await self.stub.InitWeightTransfer(request, timeout=timeout_s + 10)
-        self.group = await group_task
-        self.transport = transport
-
-    async def publish_collective(
-        self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]
-    ) -> rollout_pb2.UpdateWeightsResponse:
-        """UpdateWeights(GLOO/NCCL) with the tensor list; the buckets go by broadcast."""
-        from rlfleet_weights.buckets import send_weights, specs_of
-
-        state = {name: t.detach().contiguous() for name, t in tensors}
-        request = rollout_pb2.UpdateWeightsRequest(
-            weight_version=version,
-            transport=self.transport,
-            tensors=specs_of(state),
-            bucket_bytes=self.bucket_bytes,
-            recompute_kv_cache=self.recompute_kv_cache,
-        )
-        call: asyncio.Future[rollout_pb2.UpdateWeightsResponse] = asyncio.ensure_future(
-            self.stub.UpdateWeights(request, timeout=600.0)
-        )
-        await asyncio.to_thread(send_weights, self.group, state, self.bucket_bytes)
-        reply: rollout_pb2.UpdateWeightsResponse = await call
-        return reply
-
-    async def publish_shared_file(
-        self, version: int, tensors: Iterable[tuple[str, torch.Tensor]], shared_dir: Path
-    ) -> rollout_pb2.UpdateWeightsResponse:
-        """Write a safetensors file the rollout can read, then UpdateWeights(SHARED_FILE)."""
-        items = {name: t.detach().cpu().clone().contiguous() for name, t in tensors}
-        shared_dir.mkdir(parents=True, exist_ok=True)
-        final = shared_dir / f"weights_v{version}.safetensors"
-        tmp = final.with_suffix(".tmp")
-        save_file(items, str(tmp))
-        tmp.replace(final)  # the reader never sees a half-written file
-        request = rollout_pb2.UpdateWeightsRequest(
-            weight_version=version,
-            transport=rollout_pb2.WEIGHT_TRANSPORT_SHARED_FILE,
-            tensors=[tensor_spec(n, t) for n, t in items.items()],
-            file_path=str(final),
-        )
-        reply: rollout_pb2.UpdateWeightsResponse = await self.stub.UpdateWeights(
-            request, timeout=600.0
-        )
-        for old in shared_dir.glob("weights_v*.safetensors"):
-            if old != final:
-                old.unlink(missing_ok=True)
-        return reply
-
-
-def tensor_spec(name: str, tensor: torch.Tensor) -> common_pb2.TensorSpec:
-    if tensor.dtype not in TORCH_TO_DTYPE:
-        raise ValueError(f"{name}: dtype {tensor.dtype} cannot travel on the wire")
-    return common_pb2.TensorSpec(
-        name=name, shape=list(tensor.shape), dtype=TORCH_TO_DTYPE[tensor.dtype]
-    )
+        """Publish `tensors` as `version` over weight transport `kind`
+        (`services.weight_transport`). The sender is made and set up on the first call and
+        kept (a collective transport forms its group once); later calls reuse it."""
+        if self._sender is None:
+            sender = make_sender(
+                kind, self.stub, bucket_bytes=self.bucket_bytes, shared_dir=shared_dir
+            )
+            await sender.init()
+            self._sender = sender
+        update = WeightPublish(version, recompute_kv_cache=self.recompute_kv_cache)
+        return await self._sender.publish(update, tensors)
 
 
 class RewardClient:

@@ -287,16 +287,11 @@ async def publish_weights(ctx: RunContext, version: int) -> float:
 
 
 async def send_weights(ctx: RunContext, version: int, tensors: list[tuple[str, Any]]) -> None:
+    """Over the transport the recipe names; the sender behind it is chosen once."""
     services = ctx.recipe.services
-    if services.weight_transport == "grpc_stream":
-        await ctx.rollout.publish_stream(version, tensors)
-    elif services.weight_transport == "shared_file":
-        assert services.shared_dir is not None  # checked by the recipe
-        await ctx.rollout.publish_shared_file(version, tensors, Path(services.shared_dir))
-    else:  # gloo / nccl: a weight group formed on first use
-        if getattr(ctx.rollout, "group", None) is None:
-            await ctx.rollout.init_collective(services.weight_transport)
-        await ctx.rollout.publish_collective(version, tensors)
+    await ctx.rollout.publish_weights(
+        services.weight_transport, version, tensors, shared_dir=services.shared_dir
+    )
 
 
 def answer_checkpoint_requests(ctx: RunContext, path: Path, step: int) -> None:

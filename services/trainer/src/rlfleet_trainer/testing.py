@@ -34,9 +34,8 @@ import torch
 from grpc import aio
 from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition, start_service
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from rlfleet_weights.plan import dtype_name
 from safetensors.torch import load_file
-
-from rlfleet_trainer.clients import DTYPE_TO_TORCH
 
 # prctl option: a signal for the child when its parent dies (Linux).
 PR_SET_PDEATHSIG = 1
@@ -150,7 +149,7 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
             raise AssertionError  # unreachable
         state = {}
         for spec in header.tensors:
-            dtype = DTYPE_TO_TORCH[spec.dtype]
+            dtype = getattr(torch, dtype_name(spec.dtype))
             raw = bytes(buffers.get(spec.name, b""))
             flat = (
                 torch.frombuffer(bytearray(raw), dtype=dtype)

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from rlfleet_core.errors import FailedPrecondition
-
 from rlfleet_rollout.types import (
     EngineStatus,
     GenerateInput,
@@ -71,15 +69,6 @@ class Engine(Protocol):
         ...
 
     def status(self) -> EngineStatus: ...
-
-
-def check_newer(new: int, current: int) -> None:
-    """Versions only go up: an update that is not newer would roll the policy back."""
-    if new <= current:
-        raise FailedPrecondition(
-            f"weight_version {new} is not newer than the current version {current}; "
-            "versions must increase"
-        )
 
 
 def resolve_dtype(dtype: str, on_gpu: bool) -> Any:

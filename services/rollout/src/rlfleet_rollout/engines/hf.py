@@ -20,24 +20,18 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from rlfleet_core.errors import InvalidArgument
-from rlfleet_weights.buckets import (
-    GroupSpec,
-    WeightGroup,
-    copy_into,
-    home_buckets,
-    receive_weights,
-    receive_weights_into,
-)
+from rlfleet_weights.collective import WeightGroup
 
 from rlfleet_rollout.config import RolloutServiceConfig
-from rlfleet_rollout.engines.base import check_newer, resolve_dtype
+from rlfleet_rollout.engines.base import resolve_dtype
+from rlfleet_rollout.engines.hf_weights import HfWeights
+from rlfleet_rollout.engines.requests import sample_sampling, token_budget
 from rlfleet_rollout.engines.sampling import RowState, choose_tokens
 from rlfleet_rollout.types import (
     EngineStatus,
@@ -48,9 +42,6 @@ from rlfleet_rollout.types import (
     Sample,
     SamplingConfig,
     ThroughputMeter,
-    TransferGroup,
-    UpdateResult,
-    WeightUpdate,
 )
 
 logger = logging.getLogger(__name__)
@@ -75,7 +66,7 @@ class _Row:
     generator: torch.Generator | None = None
 
 
-class HfEngine:
+class HfEngine(HfWeights):
     name = "hf"
 
     def __init__(self, config: RolloutServiceConfig, model_path: Path) -> None:
@@ -177,14 +168,14 @@ class HfEngine:
         def deliver(sample: Sample) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, sample)
 
-        room = self.max_model_len - len(request.prompt_token_ids)
+        prompt_len = len(request.prompt_token_ids)
         rows = [
             _Row(
                 request=request,
                 index=i,
-                sampling=request.sampling.for_sample(i),
+                sampling=sample_sampling(request, i),
                 deliver=deliver,
-                max_new=min(request.sampling.max_tokens, room),
+                max_new=token_budget(request.sampling, prompt_len, self.max_model_len),
             )
             for i in range(request.n)
         ]
@@ -241,132 +232,6 @@ class HfEngine:
             self._accepting = True
             self._frozen = False
             self._cond.notify_all()
-
-    # ------------------------------------------------------------------ weights
-
-    async def init_weight_transfer(self, group: TransferGroup) -> int:
-        spec = GroupSpec(
-            master_address=group.master_address,
-            master_port=group.master_port,
-            world_size=group.world_size,
-            rank=group.rank_offset,
-            backend=group.backend,
-            timeout_s=group.timeout_s,
-        )
-        if self._group is not None:
-            self._group.close()
-        self._group = await asyncio.to_thread(WeightGroup, spec)
-        return 1
-
-    async def update_weights(self, update: WeightUpdate) -> UpdateResult:
-        async with self._update_lock:
-            start = time.perf_counter()
-            try:
-                check_newer(update.version, self._version)
-                if update.tensors is None:
-                    self._require_group()
-                    slots = [(s.name, s.shape) for b in update.plan.buckets for s in b.slots]
-                else:
-                    slots = [(k, tuple(v.shape)) for k, v in update.tensors.items()]
-                self._check_names(slots)
-            except Exception:
-                if update.plan is not None:
-                    await asyncio.to_thread(self._drain, update.plan)
-                raise
-            drain = not self.config.in_flight_weight_updates
-            if drain:
-                await self.pause(PauseMode.WAIT)
-            try:
-                if update.tensors is None:
-                    nbytes, copy_s = await asyncio.to_thread(
-                        self._receive_into_model,
-                        update.plan,
-                        update.version,
-                        update.recompute_kv_cache,
-                    )
-                else:
-                    nbytes, copy_s = await asyncio.to_thread(
-                        self._apply,
-                        update.tensors.items(),
-                        update.version,
-                        update.recompute_kv_cache,
-                    )
-            finally:
-                if drain:
-                    await self.resume()
-            total = time.perf_counter() - start
-            return UpdateResult(update.version, nbytes, total - copy_s, copy_s)
-
-    def _check_names(self, items: list[tuple[str, tuple[int, ...]]]) -> None:
-        for name, shape in items:
-            target = self._targets.get(name)
-            if target is None:
-                raise InvalidArgument("tensors", f"{name!r} is not a weight of this model")
-            if tuple(target.shape) != tuple(shape):
-                raise InvalidArgument(
-                    "tensors", f"{name}: shape {list(shape)} != model's {list(target.shape)}"
-                )
-
-    def _require_group(self) -> WeightGroup:
-        if self._group is None:
-            from rlfleet_core.errors import FailedPrecondition
-
-            raise FailedPrecondition("no weight group: call InitWeightTransfer first")
-        return self._group
-
-    def _receive_into_model(self, plan: Any, version: int, recompute: bool) -> tuple[int, float]:
-        """Receive straight into the parameters: no staging copy of the model. The first
-        update with a plan moves each packed bucket's parameters into one flat buffer laid
-        out as the bucket (`home_buckets`), so from then on every bucket, packed or not,
-        lands in place and nothing is copied after the transfer. Decoding waits for the
-        model lock during the transfer, as vLLM's engine does during its collective_rpc."""
-        group = self._require_group()
-        t0 = time.perf_counter()
-        with self._model_lock:
-            t1 = time.perf_counter()
-            homed = 0
-            if plan != self._homed_plan:
-                homed = home_buckets(plan, self._targets)
-                self._homed_plan = plan
-            t2 = time.perf_counter()
-            nbytes, copy_s = receive_weights_into(group, plan, self._targets)
-            t3 = time.perf_counter()
-            self._version = version
-            self._recompute = self._recompute or recompute
-        logger.debug(
-            "weights v%d: lock wait %.1f ms, home %.1f ms (%d buckets), receive %.1f ms "
-            "(copy-out %.1f ms)",
-            version,
-            (t1 - t0) * 1e3,
-            (t2 - t1) * 1e3,
-            homed,
-            (t3 - t2) * 1e3,
-            copy_s * 1e3,
-        )
-        return nbytes, copy_s + (t2 - t1)
-
-    def _drain(self, plan: Any) -> None:
-        """Consume a refused update's broadcasts so the sender does not hang."""
-        if self._group is not None:
-            for _ in receive_weights(self._group, plan):
-                pass
-
-    def _apply(
-        self, tensors: Iterable[tuple[str, torch.Tensor]], version: int, recompute: bool
-    ) -> tuple[int, float]:
-        """Copy `tensors` into the model between two decode steps; returns (bytes, seconds
-        spent copying)."""
-        nbytes = 0
-        copy_s = 0.0
-        with self._model_lock, torch.no_grad():
-            for name, value in tensors:
-                t0 = time.perf_counter()
-                copy_into(self._targets[name], value)
-                copy_s += time.perf_counter() - t0
-                nbytes += value.numel() * value.element_size()
-            self._version = version
-            self._recompute = self._recompute or recompute
-        return nbytes, copy_s
 
     # ------------------------------------------------------------------ status
 

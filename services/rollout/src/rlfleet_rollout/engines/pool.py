@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet_rollout.config import RolloutServiceConfig
-from rlfleet_rollout.engines.base import check_newer
+from rlfleet_rollout.engines.updates import check_newer
 from rlfleet_rollout.types import (
     EngineStatus,
     GenerateInput,

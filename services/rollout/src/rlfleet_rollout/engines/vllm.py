@@ -38,7 +38,8 @@ from rlfleet_core.errors import FailedPrecondition
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines import vllm_worker
-from rlfleet_rollout.engines.base import check_newer
+from rlfleet_rollout.engines.requests import sample_sampling, token_budget
+from rlfleet_rollout.engines.updates import check_or_drain
 from rlfleet_rollout.types import (
     EngineStatus,
     FinishReason,
@@ -168,7 +169,7 @@ class VllmEngine:
             temperature=s.temperature,
             top_p=s.top_p if 0 < s.top_p <= 1 else 1.0,
             top_k=s.top_k if s.top_k > 0 else -1,
-            max_tokens=min(s.max_tokens, self.max_model_len - prompt_len),
+            max_tokens=token_budget(s, prompt_len, self.max_model_len),
             min_tokens=s.min_tokens,
             stop=list(s.stop) or None,
             stop_token_ids=list(s.stop_token_ids) or None,
@@ -215,7 +216,7 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
 
         start = time.perf_counter()
-        sampling = request.sampling.for_sample(index)
+        sampling = sample_sampling(request, index)
         params = self._params(sampling, len(request.prompt_token_ids), request.return_text)
         prompt = TokensPrompt(
             prompt_token_ids=list(request.prompt_token_ids), cache_salt=f"w{version}"
@@ -298,14 +299,13 @@ class VllmEngine:
             start = time.perf_counter()
             if update.plan is not None and not self._workers:
                 raise FailedPrecondition("no weight group: call InitWeightTransfer first")
-            try:
-                check_newer(update.version, self._version)
-            except FailedPrecondition:
-                if update.plan is not None:
-                    await self.llm.collective_rpc(
-                        vllm_worker.drain_group, kwargs={"encoded_plan": self._encode(update)}
-                    )
-                raise
+            await check_or_drain(
+                update,
+                self._version,
+                lambda: self.llm.collective_rpc(
+                    vllm_worker.drain_group, kwargs={"encoded_plan": self._encode(update)}
+                ),
+            )
             self._admit.clear()
             mode = "keep" if self.config.in_flight_weight_updates else "wait"
             await self.llm.pause_generation(mode=mode, clear_cache=False)

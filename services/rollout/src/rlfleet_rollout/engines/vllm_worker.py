@@ -16,13 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlfleet_proto.v1 import rollout_pb2
-from rlfleet_weights.buckets import (
-    BucketPlan,
-    GroupSpec,
-    WeightGroup,
-    plan_buckets,
-    receive_weights,
-)
+from rlfleet_weights.collective import GroupSpec, WeightGroup, receive_weights
+from rlfleet_weights.plan import BucketPlan, plan_buckets
 
 _GROUP_ATTR = "_rlfleet_weight_group"
 
@@ -57,7 +52,7 @@ def join_weight_group(
 def encode_plan(plan: BucketPlan, bucket_bytes: int) -> bytes:
     """What a worker needs to derive `plan` itself: the tensor list and bucket size, as
     proto bytes (vLLM's msgpack encoding of call arguments would flatten a dataclass)."""
-    from rlfleet_weights.buckets import proto_dtype
+    from rlfleet_weights.plan import proto_dtype
 
     request = rollout_pb2.UpdateWeightsRequest(bucket_bytes=bucket_bytes)
     for bucket in plan.buckets:

@@ -1,4 +1,6 @@
-"""Moving a model's weights from the trainer to the rollout engines.
+"""The bucket plan every weight transport shares: the one dtype table (proto `DType` ↔
+torch name, float8 included), `TensorSpec`s of a state dict, and packing tensors into flat
+byte buckets.
 
 Both sides meet on a *bucket plan*: the ordered list of `(name, shape, dtype)` is packed
 greedily into flat byte buckets of at most `bucket_bytes` (a tensor larger than that gets
@@ -7,40 +9,23 @@ so sender and receivers derive it independently and only the list travels over g
 (`UpdateWeightsRequest.tensors`). One broadcast per bucket keeps the number of
 collectives small and memory bounded.
 
-Transports:
-- `WeightGroup`: a process group of its own (TCPStore rendezvous + ProcessGroupGloo on CPU,
-  ProcessGroupNCCL on GPU), built without `init_process_group`, so it never touches either
-  side's default group (the trainer's DP/TP groups, vLLM's own). The same code runs gloo
-  in CI and NCCL on GPUs; only the backend name differs.
-- `iter_weight_chunks` / `WeightAssembler`: the same tensors over a gRPC stream, for when
-  no group can be formed (firewalls, different clusters).
-
-Torch is imported lazily: `rlfleet-core` without the `[models]` extra imports this module
-only for the plan.
+Torch is imported lazily: a process that only needs the plan does not load it.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from rlfleet_proto.v1 import common_pb2, rollout_pb2
+from rlfleet_proto.v1 import common_pb2
 
 if TYPE_CHECKING:
     import torch
 
-logger = logging.getLogger(__name__)
-
 DEFAULT_BUCKET_BYTES = 256 << 20
 """Large enough that per-collective latency is amortised, small enough to bound the
 receiver's extra memory (slime uses 512 MB buckets for 30B models)."""
-
-DEFAULT_CHUNK_BYTES = 4 << 20
-"""gRPC stream chunk: well under the default 64 MiB message cap."""
 
 _DTYPE_NAMES: dict[int, str] = {
     common_pb2.DTYPE_FLOAT32: "float32",
@@ -155,6 +140,15 @@ def specs_of(state_dict: Mapping[str, torch.Tensor]) -> list[common_pb2.TensorSp
     ]
 
 
+def tensor_spec(name: str, tensor: torch.Tensor) -> common_pb2.TensorSpec:
+    """The spec of one tensor; ValueError naming it when its dtype cannot travel."""
+    try:
+        dtype = proto_dtype(tensor.dtype)
+    except ValueError:
+        raise ValueError(f"{name}: dtype {tensor.dtype} cannot travel on the wire") from None
+    return common_pb2.TensorSpec(name=name, shape=list(tensor.shape), dtype=dtype)  # type: ignore[arg-type]
+
+
 def pack_bucket(
     bucket: Bucket, tensors: Mapping[str, torch.Tensor], device: Any = None, out: Any = None
 ) -> Any:
@@ -243,105 +237,7 @@ def unpack_bucket(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.T
     return out
 
 
-# --------------------------------------------------------------------------- groups
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """How to form a weight group: rendezvous, size, backend, this member's rank."""
-
-    master_address: str
-    master_port: int
-    world_size: int
-    rank: int
-    backend: str = "gloo"
-    timeout_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend ({self.backend!r}) must be 'gloo' or 'nccl'")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank ({self.rank}) must be in [0, world_size={self.world_size})")
-
-
-class WeightGroup:
-    """A process group used only for weights; rank 0 (the trainer) broadcasts.
-
-    Built from a TCPStore directly, so that neither the trainer's nor the engine's
-    default process group is touched. Rank 0 hosts the store. Forming the group blocks
-    until all `world_size` members joined (or `timeout_s` passes).
-    """
-
-    def __init__(self, spec: GroupSpec) -> None:
-        import torch
-        import torch.distributed as dist
-
-        self.spec = spec
-        timeout = timedelta(seconds=spec.timeout_s)
-        self.store = dist.TCPStore(  # type: ignore[attr-defined]
-            spec.master_address,
-            spec.master_port,
-            spec.world_size,
-            is_master=spec.rank == 0,
-            timeout=timeout,
-            wait_for_workers=False,
-        )
-        prefix = dist.PrefixStore("rlfleet-weights", self.store)  # type: ignore[attr-defined]
-        self.device: Any
-        self.pg: Any
-        if spec.backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(prefix, spec.rank, spec.world_size, timeout)
-            self.device = torch.device("cpu")
-        else:
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(prefix, spec.rank, spec.world_size, options)
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.staging: list[Any] = [None, None]
-        """Receive buffers reused across updates (see receive_weights)."""
-        self.send_staging: list[Any] = [None, None]
-        """Pack buffers reused across updates (see send_weights)."""
-        # One tiny collective proves every member is connected before weights move.
-        probe = torch.zeros(1, device=self.device)
-        self.pg.broadcast(probe, 0).wait()
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        self.pg.broadcast(tensor, 0).wait()
-
-    def close(self) -> None:
-        del self.pg
-
-
-def send_weights(
-    group: WeightGroup, state_dict: Mapping[str, torch.Tensor], bucket_bytes: int
-) -> float:
-    """Rank 0 side: broadcast `state_dict` bucket by bucket; returns bytes/s sent.
-
-    Double-buffered: bucket k+1 is packed while bucket k is on the wire, so packing
-    costs no transfer time once the first bucket is out (at most two buckets in memory).
-    A bucket whose tensors already lie in one piece of memory at the plan's offsets (a
-    lone contiguous tensor, or a flat buffer) goes out from there, with no pack copy; the
-    others are packed into two buffers kept on the group and reused across updates.
-    """
-    plan = plan_buckets(specs_of(state_dict), bucket_bytes)
-    start = time.perf_counter()
-    in_flight: Any = None
-    for index, bucket in enumerate(plan.buckets):
-        flat = _direct_view(bucket, state_dict, group.device)
-        if flat is None:
-            staging = _staging(group.send_staging, index % 2, bucket.nbytes, group.device)
-            flat = pack_bucket(bucket, state_dict, out=staging)
-        work = group.pg.broadcast(flat, 0)
-        if in_flight is not None:
-            in_flight[0].wait()
-        in_flight = (work, flat)
-    if in_flight is not None:
-        in_flight[0].wait()
-    elapsed = time.perf_counter() - start
-    return plan.total_bytes / elapsed if elapsed > 0 else float("inf")
-
-
-def _staging(buffers: list[Any], slot: int, nbytes: int, device: Any) -> Any:
+def staging_buffer(buffers: list[Any], slot: int, nbytes: int, device: Any) -> Any:
     """`buffers[slot]`, grown to at least `nbytes` when needed; its first `nbytes`."""
     import torch
 
@@ -352,7 +248,7 @@ def _staging(buffers: list[Any], slot: int, nbytes: int, device: Any) -> Any:
     return current[:nbytes]
 
 
-def _direct_view(bucket: Bucket, tensors: Mapping[str, Any], device: Any) -> Any:
+def direct_view(bucket: Bucket, tensors: Mapping[str, Any], device: Any) -> Any:
     """The bucket as a uint8 view of the memory its tensors already occupy, when they lie
     in one storage at exactly the plan's offsets (a lone contiguous tensor; a packed
     bucket after `home_buckets`) on the group's device; None otherwise (pack/unpack).
@@ -415,7 +311,7 @@ def home_buckets(plan: BucketPlan, targets: Mapping[str, torch.Tensor]) -> int:
                 continue
             group = [targets.get(slot.name) for slot in bucket.slots]
             device = group[0].device if group[0] is not None else "cpu"
-            if _direct_view(bucket, targets, device) is not None:
+            if direct_view(bucket, targets, device) is not None:
                 continue  # already in place
             if any(
                 t is None
@@ -445,162 +341,3 @@ def _owns_storage(tensor: Any) -> bool:
         and tensor.untyped_storage().nbytes() == nbytes
         and tensor.is_contiguous()
     )
-
-
-def receive_weights_into(
-    group: WeightGroup, plan: BucketPlan, targets: Mapping[str, torch.Tensor]
-) -> tuple[int, float]:
-    """Receive `plan` straight into `targets` (e.g. a live model's parameters): a bucket
-    whose tensors lie in place (a lone tensor; packed buckets after `home_buckets`)
-    lands in the target's memory, any other goes through a reused staging buffer and is
-    copied out while the next bucket is in flight. Returns (bytes, seconds copying)."""
-    import torch
-
-    copy_s = 0.0
-    pending: Any = None
-
-    def finish(item: Any) -> float:
-        work, bucket, flat, direct = item
-        work.wait()
-        if direct:
-            return 0.0
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            for name, view in unpack_bucket(bucket, flat):
-                copy_into(targets[name], view)
-        return time.perf_counter() - t0
-
-    for index, bucket in enumerate(plan.buckets):
-        flat = _direct_view(bucket, targets, group.device)
-        direct = flat is not None
-        if flat is None:
-            flat = _staging(group.staging, index % 2, bucket.nbytes, group.device)
-        work = group.pg.broadcast(flat, 0)
-        if pending is not None:
-            copy_s += finish(pending)
-        pending = (work, bucket, flat, direct)
-    if pending is not None:
-        copy_s += finish(pending)
-    return plan.total_bytes, copy_s
-
-
-def receive_weights(
-    group: WeightGroup, plan: BucketPlan, *, reuse_buffers: bool = False
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Receiver side: yields `(name, tensor)` bucket by bucket. The receive of bucket k+1
-    is posted before bucket k is handed out, so the consumer's copies overlap the transfer.
-
-    reuse_buffers=False: a fresh buffer per bucket (yielded tensors stay valid; collect
-    them freely). True: two staging buffers kept on the group and reused across updates
-    (no page faults after the first update, ~75 ms per 100 MB on this VM), but a yielded
-    tensor is only valid until the next one is requested: copy it right away.
-    """
-    import torch
-
-    def buffer(index: int, nbytes: int) -> torch.Tensor:
-        if not reuse_buffers:
-            return torch.empty(nbytes, dtype=torch.uint8, device=group.device)
-        slot = index % 2
-        current: torch.Tensor | None = group.staging[slot]
-        if current is None or current.numel() < nbytes:
-            current = torch.empty(nbytes, dtype=torch.uint8, device=group.device)
-            group.staging[slot] = current
-        return current[:nbytes]
-
-    pending: Any = None
-    for index, bucket in enumerate(plan.buckets):
-        flat = buffer(index, bucket.nbytes)
-        work = group.pg.broadcast(flat, 0)
-        if pending is not None:
-            pending[0].wait()
-            yield from unpack_bucket(pending[1], pending[2])
-        pending = (work, bucket, flat)
-    if pending is not None:
-        pending[0].wait()
-        yield from unpack_bucket(pending[1], pending[2])
-
-
-# --------------------------------------------------------------------------- gRPC stream
-
-
-def iter_weight_chunks(
-    header: rollout_pb2.UpdateWeightsRequest,
-    state_dict: Mapping[str, torch.Tensor],
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-) -> Iterator[rollout_pb2.WeightChunk]:
-    """Messages of a `StreamWeights` call: the header (with `tensors` filled from
-    `state_dict` when empty), then each tensor's raw bytes in chunks, in header order
-    (at least one chunk per tensor, empty for a zero-size tensor)."""
-    import torch
-
-    header = rollout_pb2.UpdateWeightsRequest.FromString(header.SerializeToString())
-    if not header.tensors:
-        header.tensors.extend(specs_of(state_dict))
-    header.transport = rollout_pb2.WEIGHT_TRANSPORT_GRPC_STREAM
-    yield rollout_pb2.WeightChunk(header=header)
-    for spec in header.tensors:
-        raw = state_dict[spec.name].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        data = raw.numpy().tobytes()
-        for offset in range(0, max(len(data), 1), chunk_bytes):
-            yield rollout_pb2.WeightChunk(
-                tensor=rollout_pb2.TensorChunk(
-                    name=spec.name, offset_bytes=offset, data=data[offset : offset + chunk_bytes]
-                )
-            )
-
-
-class WeightAssembler:
-    """Receiver side of `iter_weight_chunks`: checks order and sizes, builds tensors.
-
-    Raises ValueError naming the tensor when a chunk is out of order, unexpected or
-    the stream ends early: a partial update must never be applied.
-    """
-
-    def __init__(self, specs: Iterable[common_pb2.TensorSpec]) -> None:
-        self.slots = [(s.name, tuple(int(d) for d in s.shape), dtype_name(s.dtype)) for s in specs]
-        self.index = 0
-        self.buffer = bytearray()
-        self.tensors: dict[str, Any] = {}
-        self.bytes_received = 0
-
-    def _expected(self) -> tuple[str, tuple[int, ...], str]:
-        if self.index >= len(self.slots):
-            raise ValueError("tensor chunk after the last tensor of the header")
-        return self.slots[self.index]
-
-    def add(self, chunk: rollout_pb2.TensorChunk) -> None:
-        name, shape, dtype = self._expected()
-        if chunk.name != name:
-            raise ValueError(f"tensor chunk for {chunk.name!r}, expected {name!r} (header order)")
-        if chunk.offset_bytes != len(self.buffer):
-            raise ValueError(
-                f"{name}: chunk at offset {chunk.offset_bytes}, expected {len(self.buffer)}"
-            )
-        self.buffer.extend(chunk.data)
-        self.bytes_received += len(chunk.data)
-        need = tensor_nbytes(shape, dtype)
-        if len(self.buffer) > need:
-            raise ValueError(f"{name}: {len(self.buffer)} bytes received, tensor has {need}")
-        if len(self.buffer) == need:
-            self._finish(name, shape, dtype)
-
-    def _finish(self, name: str, shape: tuple[int, ...], dtype: str) -> None:
-        import torch
-
-        flat = (
-            torch.frombuffer(self.buffer, dtype=torch.uint8)
-            if self.buffer
-            else (torch.empty(0, dtype=torch.uint8))
-        )
-        self.tensors[name] = flat.view(getattr(torch, dtype)).view(shape)
-        self.buffer = bytearray()
-        self.index += 1
-
-    def result(self) -> dict[str, Any]:
-        if self.index != len(self.slots):
-            name = self.slots[self.index][0]
-            raise ValueError(
-                f"stream ended before tensor {name!r} was complete "
-                f"({len(self.tensors)} of {len(self.slots)} tensors)"
-            )
-        return self.tensors

@@ -1,0 +1,42 @@
+"""The preamble every engine runs before a weight update touches the model.
+
+Checks come first and nothing is paused until they pass. A refused update that comes by
+broadcast still has its buckets on the wire: the receiver consumes them (drains the
+group) before raising, so the sender, blocked in its broadcast, is released and sees the
+refusal in the UpdateWeights reply rather than hanging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from rlfleet_core.errors import FailedPrecondition
+
+from rlfleet_rollout.types import WeightUpdate
+
+
+def check_newer(new: int, current: int) -> None:
+    """Versions only go up: an update that is not newer would roll the policy back."""
+    if new <= current:
+        raise FailedPrecondition(
+            f"weight_version {new} is not newer than the current version {current}; "
+            "versions must increase"
+        )
+
+
+async def check_or_drain(
+    update: WeightUpdate,
+    current: int,
+    drain: Callable[[], Awaitable[object]],
+    *checks: Callable[[], None],
+) -> None:
+    """`check_newer`, then each of `checks`; when one raises and the update comes by
+    broadcast (`update.plan`), `drain()` before re-raising."""
+    try:
+        check_newer(update.version, current)
+        for check in checks:
+            check()
+    except Exception:
+        if update.plan is not None:
+            await drain()
+        raise
