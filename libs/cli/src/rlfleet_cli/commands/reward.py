@@ -29,7 +29,7 @@ def reward_score(
     timeout_s: Annotated[float, typer.Option(help="Verification deadline.")] = 30.0,
     sandbox: Annotated[str | None, typer.Option(help="Sandbox gRPC address for `code`.")] = None,
 ) -> None:
-    """Score one response with a reward environment, in this process; prints JSON."""
+    """Score one response with a reward environment (locally, no service needed); prints JSON."""
     # The reward service scores in its own process: the CLI imports no service package.
     if importlib.util.find_spec("rlfleet_reward") is None:
         raise fail(
