@@ -1,12 +1,15 @@
-"""Bucket plans and the gRPC-stream framing of weights (rlfleet_weights), and a
-gloo broadcast between two processes through a group built from a TCPStore."""
+"""Bucket plans and the gRPC-stream framing of weights (rlfleet_weights), a gloo
+broadcast between two processes through a group built from a TCPStore, and the functions
+vLLM's workers run to receive over that group."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -108,3 +111,42 @@ def test_gloo_broadcast_between_processes_moves_exact_tensors(tmp_path: Path) ->
     for name, tensor in _state().items():
         assert torch.equal(got[name], tensor), name
     assert not torch.distributed.is_initialized()  # the default group was never touched
+
+
+class _FakeVllmWorker:
+    """What `vllm_worker` uses of a vLLM worker: its rank and `reload_weights`."""
+
+    rank = 0
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def reload_weights(self, weights_iterator: Any, is_checkpoint_format: bool) -> None:
+        self.loaded = dict(weights_iterator)
+
+
+def test_vllm_worker_functions_receive_and_drain_through_the_group_receiver() -> None:
+    """join_weight_group / load_from_group / drain_group, as collective_rpc runs them."""
+    from rlfleet_rollout.engines import vllm_worker
+
+    port = _free_port()
+    worker = _FakeVllmWorker()
+    box: dict[str, Any] = {}
+    sender = threading.Thread(
+        target=lambda: box.update(tx=WeightGroup(GroupSpec("127.0.0.1", port, 2, 0, "gloo", 30)))
+    )
+    sender.start()
+    rank = vllm_worker.join_weight_group(worker, "127.0.0.1", port, 2, 1, "gloo", 30.0)
+    sender.join()
+    assert rank == 1 and vllm_worker.has_weight_group(worker)
+    plan = plan_buckets(specs_of(_state()), 512)
+    encoded = vllm_worker.encode_plan(plan, 512)
+    for receive in (vllm_worker.load_from_group, vllm_worker.drain_group):
+        sender = threading.Thread(target=send_weights, args=(box["tx"], _state(), 512))
+        sender.start()
+        receive(worker, encoded)
+        sender.join(30)
+        assert not sender.is_alive()
+    for name, tensor in _state().items():
+        assert torch.equal(worker.loaded[name], tensor), name
+    box["tx"].close()

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from rlfleet_proto.v1 import rollout_pb2
 
-from rlfleet_weights.base import WeightPublish, WeightSender
+from rlfleet_weights.base import (
+    GroupReceiver,
+    IncomingWeights,
+    WeightPublish,
+    WeightRequestError,
+    WeightSender,
+)
 from rlfleet_weights.plan import (
     BucketPlan,
     copy_into,
@@ -31,6 +37,9 @@ from rlfleet_weights.plan import (
 
 if TYPE_CHECKING:
     import torch
+
+DEFAULT_BUCKET_BYTES = 256 << 20
+"""Bucket size when an UpdateWeights request leaves `bucket_bytes` at 0."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +269,54 @@ class CollectiveSender(WeightSender):
         return reply
 
     async def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+class CollectiveReceiver(GroupReceiver):
+    """The engine's member of the weight group (`backend` gloo or nccl). `receive` turns
+    UpdateWeights(GLOO/NCCL) into the bucket plan; the engine then receives the buckets
+    with `receive_into` (into its own parameters) or `receive_tensors`."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.group: WeightGroup | None = None
+
+    def receive(self, request: rollout_pb2.UpdateWeightsRequest) -> IncomingWeights:
+        if not request.tensors:
+            raise WeightRequestError("tensors", "must list the tensors to receive, in send order")
+        try:
+            plan = plan_buckets(request.tensors, request.bucket_bytes or DEFAULT_BUCKET_BYTES)
+        except ValueError as exc:
+            raise WeightRequestError("tensors", str(exc)) from None
+        return IncomingWeights(plan=plan)
+
+    def join(
+        self, master_address: str, master_port: int, world_size: int, rank: int, timeout_s: float
+    ) -> None:
+        self.close()
+        spec = GroupSpec(master_address, master_port, world_size, rank, self.backend, timeout_s)
+        self.group = WeightGroup(spec)
+
+    @property
+    def joined(self) -> bool:
+        return self.group is not None
+
+    def _group(self) -> WeightGroup:
+        if self.group is None:
+            raise RuntimeError("no weight group: call InitWeightTransfer first")
+        return self.group
+
+    def receive_into(
+        self, plan: BucketPlan, targets: Mapping[str, torch.Tensor]
+    ) -> tuple[int, float]:
+        return receive_weights_into(self._group(), plan, targets)
+
+    def receive_tensors(self, plan: BucketPlan) -> Iterator[tuple[str, torch.Tensor]]:
+        return receive_weights(self._group(), plan)
+
+    def close(self) -> None:
         if self.group is not None:
             self.group.close()
             self.group = None

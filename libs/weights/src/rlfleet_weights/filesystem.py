@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from rlfleet_proto.v1 import rollout_pb2
 
-from rlfleet_weights.base import WeightPublish, WeightReceiver, WeightSender
+from rlfleet_weights.base import (
+    IncomingWeights,
+    WeightPublish,
+    WeightReceiver,
+    WeightRequestError,
+    WeightSender,
+)
 from rlfleet_weights.plan import tensor_spec
 
 if TYPE_CHECKING:
@@ -82,5 +88,10 @@ class FilesystemSender(WeightSender):
 
 
 class FilesystemReceiver(WeightReceiver):
-    def receive(self, request: rollout_pb2.UpdateWeightsRequest) -> dict[str, Any]:
-        return read_weights_file(request.file_path)
+    """UpdateWeights(SHARED_FILE): the tensors of the file at `file_path`."""
+
+    def receive(self, request: rollout_pb2.UpdateWeightsRequest) -> IncomingWeights:
+        try:
+            return IncomingWeights(tensors=read_weights_file(request.file_path))
+        except ValueError as exc:
+            raise WeightRequestError("file_path", str(exc)) from None

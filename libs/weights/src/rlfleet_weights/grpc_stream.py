@@ -1,17 +1,23 @@
 """gRPC-stream transport: the same tensors as the collective path, sent as raw chunks of a
 `StreamWeights` call, for when no process group can be formed (firewalls, different
 clusters). `iter_weight_chunks` is the sender's message stream, `WeightAssembler` the
-receiver's checked reassembly.
+receiver's checked reassembly, which `GrpcStreamReceiver` feeds with the call's chunks.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlfleet_proto.v1 import common_pb2, rollout_pb2
 
-from rlfleet_weights.base import WeightPublish, WeightSender
+from rlfleet_weights.base import (
+    IncomingWeights,
+    WeightPublish,
+    WeightReceiver,
+    WeightRequestError,
+    WeightSender,
+)
 from rlfleet_weights.plan import dtype_name, specs_of, tensor_nbytes
 
 if TYPE_CHECKING:
@@ -126,3 +132,39 @@ class GrpcStreamSender(WeightSender):
             messages(), timeout=600.0
         )
         return reply
+
+
+class GrpcStreamReceiver(WeightReceiver):
+    """StreamWeights: the header first (checked before any tensor is read), then the
+    chunks through a `WeightAssembler`; nothing is returned unless every tensor arrived."""
+
+    async def receive_stream(
+        self,
+        messages: AsyncIterator[rollout_pb2.WeightChunk],
+        check_header: Callable[[rollout_pb2.UpdateWeightsRequest], None],
+    ) -> tuple[rollout_pb2.UpdateWeightsRequest, IncomingWeights]:
+        header: rollout_pb2.UpdateWeightsRequest | None = None
+        assembler: WeightAssembler | None = None
+        async for message in messages:
+            if message.HasField("header"):
+                if header is not None:
+                    raise WeightRequestError("header", "only the first message may be a header")
+                header = message.header
+                check_header(header)
+                try:
+                    assembler = WeightAssembler(header.tensors)
+                except ValueError as exc:
+                    raise WeightRequestError("header.tensors", str(exc)) from None
+            elif assembler is None:
+                raise WeightRequestError("header", "the first message must be the header")
+            else:
+                try:
+                    assembler.add(message.tensor)
+                except ValueError as exc:
+                    raise WeightRequestError("tensor", str(exc)) from None
+        if header is None or assembler is None:
+            raise WeightRequestError("header", "stream ended before a header arrived")
+        try:
+            return header, IncomingWeights(tensors=assembler.result())
+        except ValueError as exc:
+            raise WeightRequestError("tensor", str(exc)) from None

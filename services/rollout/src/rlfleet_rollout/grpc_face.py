@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from grpc import aio
-from rlfleet_core.errors import FailedPrecondition, InvalidArgument
+from rlfleet_core.errors import InvalidArgument
 from rlfleet_core.server import package_version
 from rlfleet_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from rlfleet_weights.filesystem import read_weights_file
-from rlfleet_weights.grpc_stream import WeightAssembler
-from rlfleet_weights.plan import plan_buckets
+from rlfleet_weights.base import IncomingWeights, WeightRequestError
+from rlfleet_weights.factory import group_kind_of, stream_receiver, update_receiver
 
 from rlfleet_rollout import metrics
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import Engine
+from rlfleet_rollout.engines.updates import check_newer
 from rlfleet_rollout.types import (
     FinishReason,
     PauseMode,
@@ -40,8 +41,6 @@ _PAUSE = {
     rollout_pb2.PAUSE_MODE_WAIT: PauseMode.WAIT,
     rollout_pb2.PAUSE_MODE_ABORT: PauseMode.ABORT,
 }
-_BACKENDS = {rollout_pb2.WEIGHT_TRANSPORT_GLOO: "gloo", rollout_pb2.WEIGHT_TRANSPORT_NCCL: "nccl"}
-DEFAULT_BUCKET_BYTES = 256 << 20
 
 
 def sample_to_proto(sample: Sample) -> rollout_pb2.GenerateResult:
@@ -92,11 +91,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def InitWeightTransfer(
         self, request: rollout_pb2.InitWeightTransferRequest, context: aio.ServicerContext[Any, Any]
     ) -> rollout_pb2.InitWeightTransferResponse:
-        backend = _BACKENDS.get(request.transport)
-        if backend is None:
-            raise InvalidArgument(
-                "transport", "must be WEIGHT_TRANSPORT_GLOO or WEIGHT_TRANSPORT_NCCL"
-            )
+        with _invalid_argument():
+            backend = group_kind_of(request.transport)
         if not request.master_address:
             raise InvalidArgument("master_address", "must be the host of the sender's TCPStore")
         if not 0 < request.master_port < 65536:
@@ -120,66 +116,33 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def UpdateWeights(
         self, request: rollout_pb2.UpdateWeightsRequest, context: aio.ServicerContext[Any, Any]
     ) -> rollout_pb2.UpdateWeightsResponse:
-        if request.transport in _BACKENDS:
-            if not request.tensors:
-                raise InvalidArgument("tensors", "must list the tensors to receive, in send order")
-            try:
-                plan = plan_buckets(request.tensors, request.bucket_bytes or DEFAULT_BUCKET_BYTES)
-            except ValueError as exc:
-                raise InvalidArgument("tensors", str(exc)) from None
-            update = WeightUpdate(
-                request.weight_version, plan=plan, recompute_kv_cache=self._recompute(request)
-            )
-        elif request.transport == rollout_pb2.WEIGHT_TRANSPORT_SHARED_FILE:
-            update = WeightUpdate(
-                request.weight_version,
-                tensors=_load_file(request.file_path),
-                recompute_kv_cache=self._recompute(request),
-            )
-        else:
-            raise InvalidArgument(
-                "transport",
-                "must be GLOO, NCCL or SHARED_FILE (GRPC_STREAM goes through StreamWeights)",
-            )
-        return _update_response(await self.engine.update_weights(update))
+        with _invalid_argument():
+            incoming = update_receiver(request.transport).receive(request)
+        return await self._update(request, incoming)
 
     async def StreamWeights(
         self,
         request_iterator: AsyncIterator[rollout_pb2.WeightChunk],
         context: aio.ServicerContext[Any, Any],
     ) -> rollout_pb2.UpdateWeightsResponse:
-        header: rollout_pb2.UpdateWeightsRequest | None = None
-        assembler: WeightAssembler | None = None
-        async for chunk in request_iterator:
-            if chunk.HasField("header"):
-                if header is not None:
-                    raise InvalidArgument("header", "only the first message may be a header")
-                header = chunk.header
-                if header.weight_version <= self.engine.weight_version:
-                    # Refuse before the tensors arrive, not after.
-                    raise FailedPrecondition(
-                        f"weight_version {header.weight_version} is not newer than the current "
-                        f"version {self.engine.weight_version}; versions must increase"
-                    )
-                try:
-                    assembler = WeightAssembler(header.tensors)
-                except ValueError as exc:
-                    raise InvalidArgument("header.tensors", str(exc)) from None
-            elif assembler is None:
-                raise InvalidArgument("header", "the first message must be the header")
-            else:
-                try:
-                    assembler.add(chunk.tensor)
-                except ValueError as exc:
-                    raise InvalidArgument("tensor", str(exc)) from None
-        if header is None or assembler is None:
-            raise InvalidArgument("header", "stream ended before a header arrived")
-        try:
-            tensors = assembler.result()
-        except ValueError as exc:
-            raise InvalidArgument("tensor", str(exc)) from None
+        def check_header(header: rollout_pb2.UpdateWeightsRequest) -> None:
+            # Refuse a stale version before the tensors arrive, not after.
+            check_newer(header.weight_version, self.engine.weight_version)
+
+        with _invalid_argument():
+            header, incoming = await stream_receiver().receive_stream(
+                request_iterator, check_header
+            )
+        return await self._update(header, incoming)
+
+    async def _update(
+        self, request: rollout_pb2.UpdateWeightsRequest, incoming: IncomingWeights
+    ) -> rollout_pb2.UpdateWeightsResponse:
         update = WeightUpdate(
-            header.weight_version, tensors=tensors, recompute_kv_cache=self._recompute(header)
+            request.weight_version,
+            plan=incoming.plan,
+            tensors=incoming.tensors,
+            recompute_kv_cache=self._recompute(request),
         )
         return _update_response(await self.engine.update_weights(update))
 
@@ -221,8 +184,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         )
 
 
-def _load_file(path: str) -> dict[str, Any]:
+@contextmanager
+def _invalid_argument() -> Iterator[None]:
+    """A request the weight receiver cannot read is INVALID_ARGUMENT naming its field."""
     try:
-        return read_weights_file(path)
-    except ValueError as exc:
-        raise InvalidArgument("file_path", str(exc)) from None
+        yield
+    except WeightRequestError as exc:
+        raise InvalidArgument(exc.field, str(exc)) from None

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rlfleet_weights.collective import WeightGroup
+from rlfleet_weights.base import GroupReceiver
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import resolve_dtype
@@ -86,7 +86,7 @@ class HfEngine(HfWeights):
         self._stopping = False
         self._inflight = InFlight()
         self._meter = ThroughputMeter()
-        self._group: WeightGroup | None = None
+        self._receiver: GroupReceiver | None = None
         self._homed_plan: Any = None
         self._thread: threading.Thread | None = None
         self.model: Any = None
@@ -156,8 +156,8 @@ class HfEngine(HfWeights):
             self._cond.notify_all()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
-        if self._group is not None:
-            self._group.close()
+        if self._receiver is not None:
+            self._receiver.close()
 
     # ------------------------------------------------------------------ generation
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 from rlfleet_core.errors import FailedPrecondition, InvalidArgument
-from rlfleet_weights.collective import GroupSpec, WeightGroup, receive_weights, receive_weights_into
+from rlfleet_weights.base import GroupReceiver
+from rlfleet_weights.factory import make_group_receiver
 from rlfleet_weights.plan import copy_into, home_buckets
 
 from rlfleet_rollout.config import RolloutServiceConfig
@@ -36,7 +37,7 @@ class HfWeights:
     _recompute: bool
     _model_lock: threading.Lock
     _update_lock: asyncio.Lock
-    _group: WeightGroup | None
+    _receiver: GroupReceiver | None
     _homed_plan: Any
     _targets: dict[str, torch.Tensor]
 
@@ -47,17 +48,19 @@ class HfWeights:
         raise NotImplementedError
 
     async def init_weight_transfer(self, group: TransferGroup) -> int:
-        spec = GroupSpec(
-            master_address=group.master_address,
-            master_port=group.master_port,
-            world_size=group.world_size,
-            rank=group.rank_offset,
-            backend=group.backend,
-            timeout_s=group.timeout_s,
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+        receiver = make_group_receiver(group.backend)
+        await asyncio.to_thread(
+            receiver.join,
+            group.master_address,
+            group.master_port,
+            group.world_size,
+            group.rank_offset,
+            group.timeout_s,
         )
-        if self._group is not None:
-            self._group.close()
-        self._group = await asyncio.to_thread(WeightGroup, spec)
+        self._receiver = receiver
         return 1
 
     async def update_weights(self, update: WeightUpdate) -> UpdateResult:
@@ -109,10 +112,10 @@ class HfWeights:
                     "tensors", f"{name}: shape {list(shape)} != model's {list(target.shape)}"
                 )
 
-    def _require_group(self) -> WeightGroup:
-        if self._group is None:
+    def _require_group(self) -> GroupReceiver:
+        if self._receiver is None:
             raise FailedPrecondition("no weight group: call InitWeightTransfer first")
-        return self._group
+        return self._receiver
 
     def _receive_into_model(self, plan: Any, version: int, recompute: bool) -> tuple[int, float]:
         """Receive straight into the parameters: no staging copy of the model. The first
@@ -120,7 +123,7 @@ class HfWeights:
         out as the bucket (`home_buckets`), so from then on every bucket, packed or not,
         lands in place and nothing is copied after the transfer. Decoding waits for the
         model lock during the transfer, as vLLM's engine does during its collective_rpc."""
-        group = self._require_group()
+        receiver = self._require_group()
         t0 = time.perf_counter()
         with self._model_lock:
             t1 = time.perf_counter()
@@ -129,7 +132,7 @@ class HfWeights:
                 homed = home_buckets(plan, self._targets)
                 self._homed_plan = plan
             t2 = time.perf_counter()
-            nbytes, copy_s = receive_weights_into(group, plan, self._targets)
+            nbytes, copy_s = receiver.receive_into(plan, self._targets)
             t3 = time.perf_counter()
             self._version = version
             self._recompute = self._recompute or recompute
@@ -147,9 +150,8 @@ class HfWeights:
 
     def _drain(self, plan: Any) -> None:
         """Consume a refused update's broadcasts so the sender does not hang."""
-        if self._group is not None:
-            for _ in receive_weights(self._group, plan):
-                pass
+        if self._receiver is not None:
+            self._receiver.drain(plan)
 
     def _apply(
         self, tensors: Iterable[tuple[str, torch.Tensor]], version: int, recompute: bool

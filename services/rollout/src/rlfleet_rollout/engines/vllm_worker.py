@@ -3,7 +3,8 @@
 They live in an importable module (not closures) so that the engine-core child process
 unpickles them by reference. vLLM only accepts callables when
 `VLLM_ALLOW_INSECURE_SERIALIZATION=1`, which `VllmEngine` sets before it starts the
-engine. The weight group is kept on the worker object: it must outlive one call.
+engine. The worker's `GroupReceiver` (its member of the weight group, made by the
+weights factory) is kept on the worker object: it must outlive one call.
 
 Loading goes through `model_runner.reload_weights(weights_iterator=...,
 is_checkpoint_format=True)`: it maps HF checkpoint names onto vLLM's fused and (on CPU)
@@ -16,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from rlfleet_proto.v1 import rollout_pb2
-from rlfleet_weights.collective import GroupSpec, WeightGroup, receive_weights
+from rlfleet_weights.factory import make_group_receiver
 from rlfleet_weights.plan import BucketPlan, plan_buckets
 
-_GROUP_ATTR = "_rlfleet_weight_group"
+_RECEIVER_ATTR = "_rlfleet_weight_receiver"
 
 
 def _reload(worker: Any, weights: list[tuple[str, Any]]) -> None:
@@ -40,12 +41,13 @@ def join_weight_group(
     timeout_s: float,
 ) -> int:
     """Form (or re-form) this worker's weight group; returns its rank."""
-    old = getattr(worker, _GROUP_ATTR, None)
+    old = getattr(worker, _RECEIVER_ATTR, None)
     if old is not None:
         old.close()
     rank = rank_offset + int(getattr(worker, "rank", 0))
-    spec = GroupSpec(master_address, master_port, world_size, rank, backend, timeout_s)
-    setattr(worker, _GROUP_ATTR, WeightGroup(spec))
+    receiver = make_group_receiver(backend)
+    receiver.join(master_address, master_port, world_size, rank, timeout_s)
+    setattr(worker, _RECEIVER_ATTR, receiver)
     return rank
 
 
@@ -69,10 +71,10 @@ def _decode_plan(encoded: bytes) -> BucketPlan:
 def load_from_group(worker: Any, encoded_plan: bytes) -> int:
     """Receive every bucket of the plan over the weight group and load it; returns bytes."""
     plan = _decode_plan(encoded_plan)
-    group = getattr(worker, _GROUP_ATTR, None)
-    if group is None:
+    receiver = getattr(worker, _RECEIVER_ATTR, None)
+    if receiver is None:
         raise RuntimeError("no weight group on this worker: call InitWeightTransfer first")
-    weights = list(receive_weights(group, plan))
+    weights = list(receiver.receive_tensors(plan))
     _reload(worker, weights)
     return plan.total_bytes
 
@@ -80,10 +82,9 @@ def load_from_group(worker: Any, encoded_plan: bytes) -> int:
 def drain_group(worker: Any, encoded_plan: bytes) -> None:
     """Consume a refused update's broadcasts so that the sender does not hang."""
     plan = _decode_plan(encoded_plan)
-    group = getattr(worker, _GROUP_ATTR, None)
-    if group is not None:
-        for _ in receive_weights(group, plan):
-            pass
+    receiver = getattr(worker, _RECEIVER_ATTR, None)
+    if receiver is not None:
+        receiver.drain(plan)
 
 
 def pack_tensors(tensors: dict[str, Any]) -> bytes:
@@ -110,4 +111,4 @@ def load_tensors(worker: Any, payload: bytes) -> int:
 
 
 def has_weight_group(worker: Any) -> bool:
-    return getattr(worker, _GROUP_ATTR, None) is not None
+    return getattr(worker, _RECEIVER_ATTR, None) is not None
