@@ -67,12 +67,16 @@ def _ledger_counts(stage_dir: Path) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # three CPU stages and a resume: minutes, not seconds
 def test_run_interrupt_and_resume(tmp_path: Path) -> None:
+    from rlfleet_trainer.loop import HOLD_ENV
+
     out = tmp_path / "run"
     first = subprocess.Popen(
         _rlfleet("run", "--out", str(out), "--engine", "hf", "--model", "tiny", *FAST),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=_env(),
+        # Stage 2's trainer waits after its step-1 checkpoint, so Ctrl-C lands mid-stage
+        # (on a fast machine the stage otherwise finished before the signal arrived).
+        env={**_env(), HOLD_ENV: "rlvr2:after_checkpoint:1"},
     )
     try:
         checkpoints = out / "stages" / "rlvr2" / "checkpoints"

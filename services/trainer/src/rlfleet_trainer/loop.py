@@ -56,10 +56,22 @@ CRASH_ENV = "RLFLEET_TRAINER_CRASH_AT"
 after_publish). Used by the kill -9 / resume test."""
 
 
+HOLD_ENV = "RLFLEET_TRAINER_HOLD_AT"
+"""Test hook: `<stage folder name>:after_checkpoint:<step>` makes that stage's trainer sleep
+right after that checkpoint until a signal ends it (at most 10 minutes). Used by the
+Ctrl-C / resume test to interrupt a stage at a known step, however fast the machine."""
+
+
 def crash_hook(point: str, step: int) -> None:
     wanted = os.environ.get(CRASH_ENV, "")
     if wanted and wanted == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hold_hook(run_dir: Path, point: str, step: int) -> None:
+    wanted = os.environ.get(HOLD_ENV, "")
+    if wanted and wanted == f"{run_dir.name}:{point}:{step}":
+        time.sleep(600)
 
 
 @dataclass
@@ -158,6 +170,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
                 ctx.status["phase"] = "checkpointing"
                 path = write_checkpoint(ctx, ledger, collector, state)
                 crash_hook("after_checkpoint", state.step)
+                hold_hook(ctx.run_dir, "after_checkpoint", state.step)
                 answer_checkpoint_requests(ctx, path, state.step)
         await collector.shutdown(state.step)
         state.ledger_bytes = ledger_step(ledger, collector, [], state)
