@@ -25,42 +25,19 @@ import torch
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[1]
-for lib in ("proto", "core"):
-    sys.path.insert(0, str(REPO / "libs" / lib / "src"))
+for src in ("libs/proto", "libs/core", "libs/weights", "services/trainer"):
+    sys.path.insert(0, str(REPO / src / "src"))
+
+from rlfleet_trainer.model_shapes import LLAMA_1B, LLAMA_3B, SMOLLM2_135M  # noqa: E402
 
 DESCRIPTION = "NCCL weight broadcast GB/s between two GPUs vs a bare ProcessGroupNCCL broadcast"
-SHAPES = {
-    "smollm2-135m": dict(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        vocab_size=49152,
-    ),
-    "llama-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-    ),
-    "llama-3b": dict(
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_hidden_layers=28,
-        num_attention_heads=24,
-        num_key_value_heads=8,
-        vocab_size=128256,
-    ),
-}
+SHAPES = {"smollm2-135m": SMOLLM2_135M, "llama-1b": LLAMA_1B, "llama-3b": LLAMA_3B}
 
 
 def build_model(name: str, device: torch.device) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**SHAPES[name], tie_word_embeddings=False, torch_dtype="bfloat16")
+    config = LlamaConfig(**{**SHAPES[name], "tie_word_embeddings": False}, torch_dtype="bfloat16")
     torch.manual_seed(0)
     with torch.device(device):
         return LlamaForCausalLM(config).to(torch.bfloat16)

@@ -28,6 +28,17 @@ LLAMA_1B: dict[str, Any] = dict(
 )
 """Llama-3.2-1B's shape (~1.24B parameters)."""
 
+LLAMA_3B: dict[str, Any] = dict(
+    hidden_size=3072,
+    intermediate_size=8192,
+    num_hidden_layers=28,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    tie_word_embeddings=True,
+)
+"""Llama-3.2-3B's shape (~3.2B parameters)."""
+
 SMOKE: dict[str, Any] = dict(
     hidden_size=128,
     intermediate_size=256,
