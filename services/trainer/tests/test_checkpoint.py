@@ -88,3 +88,54 @@ def test_verify_ledger_names_problems(tmp_path: Path) -> None:
         verify_ledger(entries, ["a@0", "b@0"])
     with pytest.raises(ValueError, match="drop reason"):
         Ledger(tmp_path / "l.jsonl").append([LedgerEntry("a", "dropped", "bored")])
+
+
+def test_ledger_shorter_than_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    saved = ledger.append([LedgerEntry("a@0", "trained", step=1)])
+    with pytest.raises(ValueError, match=f"has {saved} bytes but the checkpoint recorded"):
+        ledger.truncate(saved + 100)
+    # nothing was padded: the file is as it was, with no NUL bytes
+    assert ledger.size() == saved
+    assert b"\0" not in ledger.path.read_bytes()
+
+
+def test_resaving_a_step_never_leaves_it_without_a_copy(tmp_path: Path) -> None:
+    backend = _Backend()
+    save_checkpoint(tmp_path, TrainerState(step=1, data_cursor=5), backend, keep_last=2)  # type: ignore[arg-type]
+    backend.weight += 1
+
+    def crash(point: str) -> None:
+        if point == "checkpoint_replacing":
+            raise _Crash(point)
+
+    # a crash after the old copy was moved aside, before the new one is in place
+    with pytest.raises(_Crash, match="checkpoint_replacing"):
+        save_checkpoint(
+            tmp_path, TrainerState(step=1, data_cursor=7), backend, keep_last=2, crash_hook=crash
+        )  # type: ignore[arg-type]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_1"]
+    state = load_checkpoint(latest_checkpoint(tmp_path), backend)  # type: ignore[arg-type]
+    assert state.data_cursor == 5 and torch.equal(backend.weight, torch.zeros(3))
+    assert not list(tmp_path.glob(".old-*"))
+    # without a crash the step is replaced and nothing is left aside
+    backend.weight += 1
+    save_checkpoint(tmp_path, TrainerState(step=1, data_cursor=9), backend, keep_last=2)  # type: ignore[arg-type]
+    assert load_checkpoint(latest_checkpoint(tmp_path), backend).data_cursor == 9  # type: ignore[arg-type]
+    assert not list(tmp_path.glob(".old-*")) and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_checkpoint_files_load_without_running_code(tmp_path: Path) -> None:
+    """A pickle that would run code on load is refused: checkpoints load with
+    `weights_only=True`, so a checkpoint folder is not a code-execution boundary."""
+    backend = _Backend()
+    path = save_checkpoint(tmp_path, TrainerState(step=1), backend, keep_last=1)  # type: ignore[arg-type]
+    torch.load(path / "rng.pt", weights_only=True)  # what we write loads in the safe mode
+
+    class _Payload:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (print, ("pwned",))
+
+    torch.save(_Payload(), path / "rng.pt")
+    with pytest.raises(Exception, match=r"[Ww]eights only load failed"):
+        load_checkpoint(path, backend)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ deep inside with a less helpful message; the hf engine would index out of range)
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 
@@ -39,7 +40,8 @@ def check_prompt(ids: Sequence[int], vocab_size: int, max_model_len: int, field:
 def sampling_from_proto(s: rollout_pb2.SamplingParams, vocab_size: int) -> SamplingConfig:
     if s.max_tokens <= 0:
         raise InvalidArgument("sampling.max_tokens", f"must be > 0, got {s.max_tokens}")
-    if s.temperature < 0:
+    # NaN passes every comparison, so finiteness is checked first.
+    if not math.isfinite(s.temperature) or s.temperature < 0:
         raise InvalidArgument("sampling.temperature", f"must be >= 0, got {s.temperature}")
     if not 0 <= s.top_p <= 1:
         raise InvalidArgument("sampling.top_p", f"must be within [0, 1], got {s.top_p}")
@@ -50,7 +52,7 @@ def sampling_from_proto(s: rollout_pb2.SamplingParams, vocab_size: int) -> Sampl
             "sampling.min_tokens",
             f"must be within [0, max_tokens={s.max_tokens}], got {s.min_tokens}",
         )
-    if s.repetition_penalty < 0:
+    if not math.isfinite(s.repetition_penalty) or s.repetition_penalty < 0:
         raise InvalidArgument(
             "sampling.repetition_penalty",
             f"must be >= 0 (0 or 1 = off), got {s.repetition_penalty}",

@@ -42,9 +42,12 @@ class TrainerState:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every generator's state in types `torch.load(weights_only=True)` reads back (numpy's
+    key array as a tensor): a checkpoint folder must not be able to run code on load."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached_gaussian],
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -52,7 +55,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -80,6 +84,7 @@ def save_checkpoint(
 ) -> Path:
     """Write step_<state.step> atomically and prune older checkpoints beyond `keep_last`."""
     directory.mkdir(parents=True, exist_ok=True)
+    _recover(directory)
     for leftover in directory.glob(".tmp-step_*"):
         shutil.rmtree(leftover, ignore_errors=True)
     final = directory / f"step_{state.step}"
@@ -91,23 +96,43 @@ def save_checkpoint(
     _fsync_tree(tmp)
     if crash_hook is not None:
         crash_hook("checkpoint_before_rename")
+    replaced = None
     if final.exists():  # the same step saved again (e.g. SaveCheckpoint at the end)
-        shutil.rmtree(final)
+        # Moved aside, not deleted, until the new copy is in place: a crash in between
+        # leaves the old copy for `_recover` to put back, never no copy at all.
+        replaced = directory / f".old-{final.name}-{os.getpid()}"
+        final.rename(replaced)
+        if crash_hook is not None:
+            crash_hook("checkpoint_replacing")
     tmp.rename(final)
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
     for old in list_checkpoints(directory)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _recover(directory: Path) -> None:
+    """Put back a checkpoint that a crash left moved aside (`.old-step_N-<pid>`) while the
+    same step was being saved again; drop it if the new copy made it into place."""
+    for aside in directory.glob(".old-step_*"):
+        final = directory / aside.name.removeprefix(".old-").rsplit("-", 1)[0]
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.rename(final)
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     if not directory.is_dir():
         return []
+    _recover(directory)
     found = [p for p in directory.glob("step_*") if p.is_dir() and (p / STATE_FILE).exists()]
     return sorted(found, key=lambda p: int(p.name.split("_", 1)[1]))
 
@@ -120,5 +145,5 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def load_checkpoint(path: Path, backend: PolicyBackend) -> TrainerState:
     """Restore model, optimizer and RNG; returns the trainer state to continue from."""
     backend.load(path / "policy")
-    set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    set_rng_state(torch.load(path / "rng.pt", weights_only=True))
     return TrainerState(**json.loads((path / STATE_FILE).read_text()))

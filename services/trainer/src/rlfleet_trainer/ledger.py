@@ -71,6 +71,14 @@ class Ledger:
 
     def truncate(self, length: int) -> None:
         """Forget everything after byte `length` (the resumed checkpoint's ledger size)."""
+        size = self.size()
+        if length > size:
+            # Growing the file would pad it with NUL bytes and hide that entries are gone.
+            raise ValueError(
+                f"ledger {self.path} has {size} bytes but the checkpoint recorded {length}: "
+                "entries the checkpoint counts are missing; restore the ledger or start the "
+                "stage again without --resume"
+            )
         with self.path.open("r+b") as f:
             f.truncate(length)
             f.flush()

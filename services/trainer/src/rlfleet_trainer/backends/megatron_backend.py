@@ -360,7 +360,7 @@ class MegatronPolicy:
                     f"checkpoint {path} was written at {key} {theirs}, this run uses {ours}; "
                     "start from its hf/ folder instead (policy.model=<checkpoint>/policy/hf)"
                 )
-        state = torch.load(path / f"megatron_rank{dist.get_rank():03d}.pt", weights_only=False)
+        state = torch.load(path / f"megatron_rank{dist.get_rank():03d}.pt", weights_only=True)
         load_megatron_state(self.model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

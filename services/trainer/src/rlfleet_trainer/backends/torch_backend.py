@@ -195,7 +195,7 @@ class TorchPolicy:
         from safetensors.torch import load_file
 
         self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
-        state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+        state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
