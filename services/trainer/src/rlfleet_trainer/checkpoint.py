@@ -44,7 +44,8 @@ class TrainerState:
 def rng_state() -> dict[str, Any]:
     """Every generator's state in types `torch.load(weights_only=True)` reads back (numpy's
     key array as a tensor): a checkpoint folder must not be able to run code on load."""
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)  # the legacy form: (name, keys, pos, gauss, cached)
     return {
         "python": random.getstate(),
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached_gaussian],
