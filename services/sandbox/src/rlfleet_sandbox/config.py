@@ -42,6 +42,18 @@ class IsolationConfig(ConfigModel):
     """A sandbox that is not ready this long after spawning counts as failed."""
 
 
+LIMIT_NAMES = (
+    "timeout_s",
+    "cpu_time_s",
+    "memory_bytes",
+    "max_processes",
+    "max_file_size_bytes",
+    "max_open_files",
+    "max_output_bytes",
+)
+"""The per-run limits a request may set, each with a default and a `max_` cap below."""
+
+
 class LimitsConfig(ConfigModel):
     """Per-run defaults (used when a request leaves a limit at 0) and caps (requests asking
     for more are clamped). Units are in each name."""
@@ -70,15 +82,7 @@ class LimitsConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _defaults_within_caps(self) -> LimitsConfig:
-        for name in (
-            "timeout_s",
-            "cpu_time_s",
-            "memory_bytes",
-            "max_processes",
-            "max_file_size_bytes",
-            "max_open_files",
-            "max_output_bytes",
-        ):
+        for name in LIMIT_NAMES:
             cap = f"max_{name}"
             if getattr(self, name) > getattr(self, cap):
                 raise ValueError(

@@ -8,6 +8,7 @@ from grpc import aio
 from rlfleet_core.errors import InvalidArgument
 from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
 
+from rlfleet_sandbox.config import LIMIT_NAMES
 from rlfleet_sandbox.engine import SandboxEngine
 from rlfleet_sandbox.sessions import check_session_id
 from rlfleet_sandbox.types import ExecRequest, ExecResult, InputFile, Language, check_file_path
@@ -24,19 +25,10 @@ _STATUS = {
     "OUTPUT_LIMIT": sandbox_pb2.EXEC_STATUS_OUTPUT_LIMIT,
     "SANDBOX_ERROR": sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR,
 }
-_LIMIT_FIELDS = (
-    "timeout_s",
-    "cpu_time_s",
-    "memory_bytes",
-    "max_processes",
-    "max_file_size_bytes",
-    "max_open_files",
-    "max_output_bytes",
-)
 
 
 def limits_from_proto(limits: sandbox_pb2.Limits) -> dict[str, float]:
-    return {name: getattr(limits, name) for name in _LIMIT_FIELDS}
+    return {name: getattr(limits, name) for name in LIMIT_NAMES}
 
 
 def request_from_proto(engine: SandboxEngine, request: sandbox_pb2.ExecuteRequest) -> ExecRequest:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rlfleet_core.errors import InvalidArgument
 
-from rlfleet_sandbox.config import LimitsConfig
+from rlfleet_sandbox.config import LIMIT_NAMES, LimitsConfig
 
 
 class Language(enum.Enum):
@@ -52,24 +52,13 @@ class RunLimits:
         }
 
 
-_LIMIT_NAMES = (
-    "timeout_s",
-    "cpu_time_s",
-    "memory_bytes",
-    "max_processes",
-    "max_file_size_bytes",
-    "max_open_files",
-    "max_output_bytes",
-)
-
-
 def resolve_limits(
     requested: dict[str, float], config: LimitsConfig, field_prefix: str = "limits"
 ) -> RunLimits:
     """0 (or absent) means the configured default; larger than the cap is clamped to the
     cap; negative is an error naming the field."""
     values: dict[str, Any] = {}
-    for name in _LIMIT_NAMES:
+    for name in LIMIT_NAMES:
         value = requested.get(name, 0) or 0
         if value < 0:
             raise InvalidArgument(
