@@ -137,9 +137,10 @@ async def test_too_many_failures_stop_the_run(tiny_model: Path, tmp_path: Path) 
             rollout_target,
             reward_target,
             "grpo.max_trajectory_age_steps=0",
-            "grpo.max_generation_failures=2",
+            "grpo.max_failed_group_fraction=0",
+            "grpo.max_consecutive_failing_steps=0",
         )
-        with pytest.raises(Exception, match="max_generation_failures"):
+        with pytest.raises(Exception, match="max_consecutive_failing_steps"):
             await run_stage(cfg, tmp_path, rows=rows())
 
 

@@ -10,7 +10,7 @@ and reward live, how weights travel), `checkpoint` (where and how often).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from rlfleet_core.config import ConfigModel
@@ -99,9 +99,17 @@ class GRPOConfig(ConfigModel):
     recompute_kv_cache_after_weight_updates: bool = False
     """Ask the rollout to recompute the KV cache of requests in flight after a weight
     update instead of keeping it (NeMo-RL default: keep)."""
-    max_generation_failures: int = Field(8, ge=0)
-    """Failed Generate/ScoreGroup calls (after retries) tolerated per run before it stops;
-    each failed prompt is dropped with reason `generation_failed` / `reward_failed`."""
+    max_failed_group_fraction: float = Field(0.5, ge=0, lt=1)
+    """Failure budget of one step: the share of the prompt groups finished while collecting
+    a step that may fail after retries (dropped `generation_failed` / `reward_failed` and
+    replaced by fresh prompts), i.e. at most ⌊f/(1−f) × num_prompts_per_step⌋ failed groups
+    (0.5: as many as the step trains; 0: none). One more makes it a failing
+    step (see max_consecutive_failing_steps). Validation may lose this share of its
+    prompts; over that, the run stops."""
+    max_consecutive_failing_steps: int = Field(2, ge=0)
+    """Failing steps tolerated in a row before the run stops (a step that uses up its
+    budget twice counts twice); a step trained within its budget ends the streak. 0 = stop
+    at the first failing step."""
     val_every_steps: int = Field(0, ge=0)
     """Held-out reward every N steps; 0 = off."""
     val_at_start: bool = False
@@ -120,6 +128,17 @@ class GRPOConfig(ConfigModel):
     @property
     def async_enabled(self) -> bool:
         return self.max_trajectory_age_steps > 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_settings(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_generation_failures" in data:
+            raise ValueError(
+                "grpo.max_generation_failures was removed (it counted failures over the whole "
+                "run): set grpo.max_failed_group_fraction (per step) and "
+                "grpo.max_consecutive_failing_steps instead"
+            )
+        return data
 
 
 class GenerationConfig(ConfigModel):
@@ -210,6 +229,13 @@ class ServicesConfig(ConfigModel):
     """Deadline of one Generate stream (all G samples of a prompt)."""
     score_timeout_s: float = Field(120.0, gt=0)
     """Deadline of one ScoreGroup call."""
+    call_attempts: int = Field(3, ge=1, le=10)
+    """Tries of one Generate or ScoreGroup call (the first included) on a transient
+    failure: status UNAVAILABLE, DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED, an aborted
+    sample, or a reward failure of kind TIMEOUT, SANDBOX_ERROR, JUDGE_ERROR or OVERLOADED.
+    Other failures are not retried. Each try has its own deadline."""
+    retry_backoff_s: float = Field(1.0, ge=0, le=60)
+    """Wait before the first retry; doubled for each later one, with ±50% jitter."""
     weight_transport: Literal["grpc_stream", "shared_file", "gloo", "nccl"] = "grpc_stream"
     """How weights reach the rollout after each step: StreamWeights over gRPC, a
     safetensors file on a shared filesystem, or a gloo/NCCL broadcast."""

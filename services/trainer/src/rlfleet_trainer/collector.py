@@ -2,8 +2,10 @@
 moves finished, scored groups into the replay buffer.
 
 Each prompt is one asyncio task: Generate (G samples, streamed) → decode → ScoreGroup →
-replay buffer. Failures become ledger drops with a reason (`generation_failed`,
-`reward_failed`), counted against `max_generation_failures`.
+replay buffer. A group that still fails after the clients' retries (any sample without a
+reward: GRPO's baseline needs all G) becomes a ledger drop with a reason
+(`generation_failed`, `reward_failed`), is replaced by a fresh prompt, and counts against
+the step's `FailureBudget`.
 
 Everything the checkpoint needs (`state()`) is plain data read synchronously, so no task
 can change it half-way through a snapshot: the event loop runs one thing at a time.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +52,74 @@ class CollectorStats:
     drops: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class FailureBudget:
+    """How many groups may fail per step, and how many failing steps in a row
+    (`grpo.max_failed_group_fraction`, `grpo.max_consecutive_failing_steps`).
+
+    A step may lose ⌊f/(1−f) × P⌋ groups: then at most a share f of the groups finished
+    while collecting it failed. One failure more makes a failing step; the count starts
+    over and collection goes on, so an outage that outlives the retries costs a step or
+    two, not the run. More than `max_consecutive_failing_steps` failing steps with no
+    step collected within its budget in between stop the run."""
+
+    max_failed_group_fraction: float
+    max_consecutive_failing_steps: int
+    num_prompts_per_step: int
+    failed: int = 0
+    """Failed groups counted against the current step's budget."""
+    failing_steps: int = 0
+    """The streak of failing steps."""
+    overflowed: bool = False
+    """The current step has used its budget up at least once."""
+
+    @property
+    def groups_per_step(self) -> int:
+        f = self.max_failed_group_fraction
+        return math.floor(f / (1 - f) * self.num_prompts_per_step + 1e-9)
+
+    def count_failure(self, last: Exception) -> TooManyFailures | None:
+        """One more failed group; the error that stops the run once the streak is over
+        budget."""
+        self.failed += 1
+        if self.failed <= self.groups_per_step:
+            return None
+        self.failed = 0
+        self.overflowed = True
+        self.failing_steps += 1
+        logger.warning(
+            "failing step (%d in a row): more than %d failed prompt groups",
+            self.failing_steps,
+            self.groups_per_step,
+        )
+        if self.failing_steps <= self.max_consecutive_failing_steps:
+            return None
+        return TooManyFailures(
+            f"{self.failing_steps} failing steps in a row > "
+            f"grpo.max_consecutive_failing_steps ({self.max_consecutive_failing_steps}); "
+            f"a step fails with more than {self.groups_per_step} failed prompt groups "
+            f"(grpo.max_failed_group_fraction={self.max_failed_group_fraction} with "
+            f"grpo.num_prompts_per_step={self.num_prompts_per_step}). Last failure: {last}. "
+            "Check the rollout and reward services, or raise these settings."
+        )
+
+    def end_step(self) -> None:
+        """The step's groups are collected: a step within budget ends the streak."""
+        if not self.overflowed:
+            self.failing_steps = 0
+        self.failed = 0
+        self.overflowed = False
+
+
+@dataclass
+class StepFailures:
+    groups: int = 0
+    samples: int = 0
+    """Samples of the failed groups left without a result."""
+    retries_before: int = 0
+    """The clients' retry count when the step began."""
+
+
 class Collector:
     @classmethod
     def from_recipe(
@@ -68,7 +139,11 @@ class Collector:
             group_size=g.num_generations_per_prompt,
             sampling=Sampling.from_generation(recipe.generation),
             buffer_max_age=g.max_trajectory_age_steps,
-            max_failures=g.max_generation_failures,
+            budget=FailureBudget(
+                g.max_failed_group_fraction,
+                g.max_consecutive_failing_steps,
+                g.num_prompts_per_step,
+            ),
         )
 
     def __init__(
@@ -81,7 +156,7 @@ class Collector:
         group_size: int,
         sampling: Sampling,
         buffer_max_age: int,
-        max_failures: int,
+        budget: FailureBudget,
     ) -> None:
         self.source = source
         self.rollout = rollout
@@ -94,7 +169,9 @@ class Collector:
         """Async: refill to this many groups whenever one finishes or is taken; sync: None
         (prompts start only when the loop asks, after the new weights are published)."""
         self._closing = False
-        self.max_failures = max_failures
+        self.budget = budget
+        self.step_failures = StepFailures()
+        """Failures while collecting the current step (reported in its metrics)."""
         self.redo: deque[int] = deque()
         """Prompt indices to issue before new ones (in flight at the resumed checkpoint)."""
         self.in_flight: dict[int, asyncio.Task[None]] = {}
@@ -134,11 +211,11 @@ class Collector:
             logger.warning("dropping %s: %s", prompt.prompt_id, exc)
             self.drop(prompt.prompt_id, reason)
             self.stats.failures += 1
-            if self.stats.failures > self.max_failures:
-                self._error = TooManyFailures(
-                    f"{self.stats.failures} failed prompts > grpo.max_generation_failures "
-                    f"({self.max_failures}); last: {exc}"
-                )
+            self.step_failures.groups += 1
+            self.step_failures.samples += exc.failed_samples
+            error = self.budget.count_failure(exc)
+            if error is not None and self._error is None:
+                self._error = error
         except BaseException as exc:  # surfaced to the loop, not swallowed
             if not isinstance(exc, asyncio.CancelledError):
                 self._error = exc
@@ -190,6 +267,19 @@ class Collector:
             if self._error is not None:
                 raise self._error
             await self._changed.wait()
+
+    def end_step(self) -> dict[str, float]:
+        """Close the step's failure window: its `failures/*` metrics."""
+        self.budget.end_step()
+        retries = self.rollout.retries + self.reward.retries
+        metrics = {
+            "failures/groups": float(self.step_failures.groups),
+            "failures/samples": float(self.step_failures.samples),
+            "failures/retries": float(retries - self.step_failures.retries_before),
+            "failures/failing_steps": float(self.budget.failing_steps),
+        }
+        self.step_failures = StepFailures(retries_before=retries)
+        return metrics
 
     def take(self, count: int) -> list[PromptGroup]:
         taken = self.buffer.take(count)

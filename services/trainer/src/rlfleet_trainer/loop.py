@@ -34,12 +34,13 @@ from rlfleet_trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rlfleet_trainer.clients import RewardClient, RolloutClient, Sampling
+from rlfleet_trainer.clients import RewardClient, RolloutClient
 from rlfleet_trainer.collector import Collector
 from rlfleet_trainer.data import PromptSource
 from rlfleet_trainer.ledger import Ledger, LedgerEntry
 from rlfleet_trainer.replay import PromptGroup
 from rlfleet_trainer.steps import prepare_step, split_informative
+from rlfleet_trainer.validation import read_heldout, validate, write_heldout
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
             started = time.monotonic()
             ctx.status["phase"] = "generating"
             groups, rounds = await gather_groups(ctx, collector, state.weight_version, limit)
+            failures = collector.end_step()
             waited = time.monotonic() - started
             prepared = prepare_step(
                 groups, recipe, state.weight_version, ctx.tokenizer.pad_token_id or 0
@@ -161,10 +163,12 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
                 / max(timings["train_s"], 1e-9),
                 "dynamic_sampling/rounds": float(rounds),
                 **{f"dropped/{k}": float(v) for k, v in collector.stats.drops.items()},
+                **failures,
                 "weight_version": float(state.weight_version),
             }
             if g.val_every_steps and state.step % g.val_every_steps == 0:
-                metrics.update({f"val/{k}": v for k, v in (await validate(ctx)).items()})
+                val = (await validate(ctx)).metrics
+                metrics.update({f"val/{k}": v for k, v in val.items()})
             log_step(metrics_file, state, metrics, ctx)
             if checkpoint_due(recipe, state.step) or ctx.checkpoint_requests:
                 ctx.status["phase"] = "checkpointing"
@@ -335,72 +339,6 @@ def write_checkpoint(
         ctx.recipe.checkpoint.keep_last,
         crash_hook=lambda point: crash_hook(point, state.step),
     )
-
-
-async def validate(ctx: RunContext, label: str | None = None) -> dict[str, float]:
-    """Reward over the first num_val_prompts held-out prompts (val_samples_per_prompt
-    samples each at val_temperature): `reward` (the mean) and `reward/<env>`; empty
-    without held-out data. With `label`, every sample (text, reward, weight version) goes
-    to the stage folder's held-out samples file for that label, to read what the numbers are made of."""
-    if ctx.val_source is None:
-        return {}
-    val_source, g = ctx.val_source, ctx.recipe.grpo
-    sampling = Sampling.from_generation(ctx.recipe.generation, g.val_temperature)
-    count = min(g.num_val_prompts, len(val_source.rows))
-
-    tag = label or "val"
-    samples: list[dict[str, Any]] = []
-
-    async def one(index: int) -> tuple[str, float]:
-        prompt = val_source.prompt_at(index)
-        results = await ctx.rollout.generate(
-            f"{tag}-{index}", prompt.token_ids, g.val_samples_per_prompt, sampling
-        )
-        texts = [ctx.tokenizer.decode(list(r.token_ids), skip_special_tokens=True) for r in results]
-        scores = await ctx.reward.score_group(
-            f"{tag}-{index}",
-            prompt.env,
-            prompt.row_json,
-            texts,
-            [len(r.token_ids) for r in results],
-        )
-        samples.extend(
-            {
-                "prompt": index,
-                "env": prompt.env,
-                "text": text,
-                "reward": score.reward,
-                "weight_version": result.weight_version_last,
-            }
-            for text, score, result in zip(texts, scores, results, strict=True)
-        )
-        return prompt.env, sum(s.reward for s in scores) / len(scores)
-
-    results = await asyncio.gather(*(one(i) for i in range(count)))
-    if label is not None:
-        samples.sort(key=lambda s: s["prompt"])
-        lines = "".join(json.dumps(s) + "\n" for s in samples)
-        ctx.folder.heldout_samples(label).write_text(lines, encoding="utf-8")
-    by_env: dict[str, list[float]] = {}
-    for env, reward in results:
-        by_env.setdefault(env, []).append(reward)
-    summary = {"reward": sum(r for _, r in results) / max(len(results), 1)}
-    summary.update({f"reward/{env}": sum(v) / len(v) for env, v in sorted(by_env.items())})
-    return summary
-
-
-def read_heldout(folder: StageFolder) -> dict[str, dict[str, float]]:
-    path = folder.heldout
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def write_heldout(folder: StageFolder, when: str, result: dict[str, float]) -> None:
-    """The held-out file = {"before": {...}, "after": {...}}, replaced atomically."""
-    data = {**read_heldout(folder), when: result}
-    tmp = folder.heldout.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(folder.heldout)
-    logger.info("held-out reward %s: %.3f", when, result.get("reward", float("nan")))
 
 
 def log_step(file: Any, state: TrainerState, metrics: dict[str, float], ctx: RunContext) -> None:

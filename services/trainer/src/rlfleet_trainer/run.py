@@ -17,7 +17,7 @@ from rlfleet_contracts.run_folder import StageFolder
 
 from rlfleet_trainer.backends.base import PolicyBackend
 from rlfleet_trainer.checkpoint import TrainerState, latest_checkpoint
-from rlfleet_trainer.clients import RewardClient, RolloutClient
+from rlfleet_trainer.clients import CallRetry, RewardClient, RolloutClient
 from rlfleet_trainer.data import PromptSource, read_rows
 from rlfleet_trainer.loop import RunContext, run_grpo
 
@@ -60,6 +60,7 @@ def build_context(
     if val_rows is None and recipe.data.val_path:
         val_rows = read_rows(recipe.data.val_path)
     services = recipe.services
+    retry = CallRetry(services.call_attempts, services.retry_backoff_s)
     run_dir.mkdir(parents=True, exist_ok=True)
     StageFolder(run_dir).recipe_json.write_text(recipe.model_dump_json(indent=2))
     return RunContext(
@@ -70,9 +71,9 @@ def build_context(
         if val_rows
         else None,
         rollout=RolloutClient(
-            services.rollout, services.generate_timeout_s, services.weight_bucket_bytes
+            services.rollout, services.generate_timeout_s, services.weight_bucket_bytes, retry
         ),
-        reward=RewardClient(services.reward, services.score_timeout_s),
+        reward=RewardClient(services.reward, services.score_timeout_s, retry),
         tokenizer=tokenizer,
         run_dir=run_dir,
     )

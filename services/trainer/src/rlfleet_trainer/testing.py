@@ -15,6 +15,7 @@ tests in tests/test_learning_*.py use those.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import functools
@@ -57,6 +58,10 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self.updates: list[int] = []
         self.pauses: list[int] = []
         self.resumes = 0
+        self.faults: dict[str, list[grpc.StatusCode]] = {}
+        """Prompt id -> status codes the next Generate calls for it end with, one each
+        (tests of retries; a retry's request id `<id>/retry<k>` counts as its prompt's)."""
+        self.request_ids: list[str] = []
 
     # --- generation -----------------------------------------------------------------------
 
@@ -101,6 +106,10 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> AsyncIterator[rollout_pb2.GenerateResult]:
         if request.n < 1 or request.sampling.max_tokens < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "n and max_tokens must be > 0")
+        self.request_ids.append(request.request_id)
+        faults = self.faults.get(request.request_id.split("/")[0])
+        if faults:
+            await context.abort(faults.pop(0), "double told to fail this call")
         started = time.monotonic()
         samples = await asyncio.to_thread(
             self._sample, list(request.prompt_token_ids), request.n, request.sampling
@@ -202,8 +211,12 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
 class DoubleReward(reward_pb2_grpc.RewardServiceServicer):
     def __init__(self) -> None:
         self.calls = 0
+        self.calls_by_id: collections.Counter[str] = collections.Counter()
         self.fail_prompt_ids: set[str] = set()
         """ScoreGroup for these request ids answers with a failure (tests of drops)."""
+        self.faults: dict[str, list[grpc.StatusCode | dict[int, int]]] = {}
+        """Request id -> what its next ScoreGroup calls do, one entry each: end with that
+        status code, or fail those samples with that FailureKind (tests of retries)."""
 
     @staticmethod
     def reward(text: str, row: dict[str, Any]) -> float:
@@ -214,15 +227,25 @@ class DoubleReward(reward_pb2_grpc.RewardServiceServicer):
         self, request: reward_pb2.ScoreGroupRequest, context: aio.ServicerContext[Any, Any]
     ) -> reward_pb2.ScoreGroupResult:
         self.calls += 1
+        self.calls_by_id[request.request_id] += 1
+        faults = self.faults.get(request.request_id)
+        fault = faults.pop(0) if faults else {}
+        if isinstance(fault, grpc.StatusCode):
+            await context.abort(fault, "double told to fail this call")
+            raise AssertionError  # unreachable
+        if request.request_id in self.fail_prompt_ids:
+            fault = dict.fromkeys(
+                range(len(request.responses)), reward_pb2.FAILURE_KIND_VERIFIER_ERROR
+            )
         row = json.loads(request.row_json)
         results = []
         for i, response in enumerate(request.responses):
-            if request.request_id in self.fail_prompt_ids:
+            if i in fault:
                 results.append(
                     reward_pb2.ScoreResult(
                         request_id=f"{request.request_id}/{i}",
                         env=request.env,
-                        failure_kind=reward_pb2.FAILURE_KIND_VERIFIER_ERROR,
+                        failure_kind=fault[i],  # type: ignore[arg-type]
                         failure_reason="double told to fail",
                     )
                 )

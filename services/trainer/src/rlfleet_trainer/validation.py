@@ -1,0 +1,169 @@
+"""Held-out reward: `validate` scores the first `grpo.num_val_prompts` held-out prompts,
+and `heldout.json` keeps the start and end measures of a stage.
+
+A held-out prompt whose Generate or ScoreGroup still fails after the clients' retries, or
+whose every sample failed to score, is counted and left out; a sample whose reward failed
+is left out of its prompt's mean (no group baseline here). More failed prompts than
+`grpo.max_failed_group_fraction` of the prompts stop the run (TooManyFailures), so a
+reward outage never passes for a measured reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rlfleet_contracts.run_folder import StageFolder
+
+from rlfleet_trainer.clients import CallFailed, GroupScores, Sampling
+from rlfleet_trainer.collector import TooManyFailures
+
+if TYPE_CHECKING:
+    from rlfleet_trainer.loop import RunContext
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Validation:
+    """What one validation measured."""
+
+    rewards: dict[str, float] = field(default_factory=dict)
+    """`reward` (mean over scored prompts) and `reward/<env>`; empty without held-out data."""
+    failed_prompts: int = 0
+    failed_samples: int = 0
+    """Samples without a reward, those of failed prompts included."""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        if not self.rewards:
+            return {}
+        return {
+            **self.rewards,
+            "failed_prompts": float(self.failed_prompts),
+            "failed_samples": float(self.failed_samples),
+        }
+
+
+@dataclass
+class _PromptResult:
+    env: str
+    reward: float | None
+    """Mean over the prompt's scored samples; None when none was scored."""
+    failed_samples: int
+
+
+async def validate(ctx: RunContext, label: str | None = None) -> Validation:
+    """Reward over the first num_val_prompts held-out prompts (val_samples_per_prompt
+    samples each at val_temperature). With `label`, every sample (text, reward or failure,
+    weight version) goes to the stage folder's held-out samples file for that label, to
+    read what the numbers are made of."""
+    if ctx.val_source is None:
+        return Validation()
+    val_source, g = ctx.val_source, ctx.recipe.grpo
+    sampling = Sampling.from_generation(ctx.recipe.generation, g.val_temperature)
+    count = min(g.num_val_prompts, len(val_source.rows))
+    tag = label or "val"
+    samples: list[dict[str, Any]] = []
+
+    async def one(index: int) -> _PromptResult:
+        prompt = val_source.prompt_at(index)
+        n = g.val_samples_per_prompt
+        try:
+            results = await ctx.rollout.generate(f"{tag}-{index}", prompt.token_ids, n, sampling)
+            texts = [
+                ctx.tokenizer.decode(list(r.token_ids), skip_special_tokens=True) for r in results
+            ]
+            group = await ctx.reward.score_samples(
+                f"{tag}-{index}",
+                prompt.env,
+                prompt.row_json,
+                texts,
+                [len(r.token_ids) for r in results],
+            )
+        except CallFailed as exc:
+            logger.warning("held-out prompt %d failed: %s", index, exc)
+            return _PromptResult(prompt.env, None, n)
+        samples.extend(_sample_lines(index, prompt.env, texts, group, results))
+        scored = [s.reward for s in group.scores if s is not None]
+        if group.failed_samples:
+            logger.warning(
+                "held-out prompt %d: %d of %d samples without a reward: %s",
+                index,
+                group.failed_samples,
+                n,
+                group.problem,
+            )
+        mean = sum(scored) / len(scored) if scored else None
+        return _PromptResult(prompt.env, mean, group.failed_samples)
+
+    results = await asyncio.gather(*(one(i) for i in range(count)))
+    if label is not None:
+        samples.sort(key=lambda s: s["prompt"])
+        lines = "".join(json.dumps(s) + "\n" for s in samples)
+        ctx.folder.heldout_samples(label).write_text(lines, encoding="utf-8")
+    return _summarise(results, g.max_failed_group_fraction, tag)
+
+
+def _sample_lines(
+    index: int, env: str, texts: list[str], group: GroupScores, results: list[Any]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "prompt": index,
+            "env": env,
+            "text": text,
+            "reward": None if score is None else score.reward,
+            **({"failure": group.problem} if score is None else {}),
+            "weight_version": result.weight_version_last,
+        }
+        for text, score, result in zip(texts, group.scores, results, strict=True)
+    ]
+
+
+def _summarise(results: list[_PromptResult], fraction: float, tag: str) -> Validation:
+    failed = sum(r.reward is None for r in results)
+    allowed = math.floor(fraction * len(results) + 1e-9)
+    if failed > allowed:
+        raise TooManyFailures(
+            f"validation ({tag}): {failed} of {len(results)} held-out prompts failed > "
+            f"grpo.max_failed_group_fraction ({fraction}) allows {allowed}; check the "
+            "rollout and reward services (trainer log), or raise that setting"
+        )
+    by_env: dict[str, list[float]] = {}
+    for r in results:
+        if r.reward is not None:
+            by_env.setdefault(r.env, []).append(r.reward)
+    scored = [reward for rewards in by_env.values() for reward in rewards]
+    rewards = {"reward": sum(scored) / max(len(scored), 1)}
+    rewards.update({f"reward/{env}": sum(v) / len(v) for env, v in sorted(by_env.items())})
+    return Validation(rewards, failed, sum(r.failed_samples for r in results))
+
+
+def read_heldout(folder: StageFolder) -> dict[str, Any]:
+    path = folder.heldout
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_heldout(folder: StageFolder, when: str, result: Validation) -> None:
+    """The held-out file = {"before": {...}, "after": {...}, "failures": {"before": {...},
+    ...}}, replaced atomically. Failure counts sit apart from the rewards, whose every
+    key but `reward` the pipeline's report reads as an environment."""
+    data: dict[str, Any] = {**read_heldout(folder), when: result.rewards}
+    data["failures"] = {
+        **data.get("failures", {}),
+        when: {"failed_prompts": result.failed_prompts, "failed_samples": result.failed_samples},
+    }
+    tmp = folder.heldout.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(folder.heldout)
+    logger.info(
+        "held-out reward %s: %.3f (%d prompts failed)",
+        when,
+        result.rewards.get("reward", float("nan")),
+        result.failed_prompts,
+    )
