@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Its own generator: retries must not move the seeded global RNG that checkpoints restore.
+_JITTER = random.Random()
+
 
 TRANSIENT_CODES = frozenset(
     {
@@ -89,7 +92,7 @@ class CallRetry:
     groups failed by one outage do not all come back at the same moment."""
 
     def delay_s(self, retry: int) -> float:
-        return float(self.backoff_s * 2 ** (retry - 1) * random.uniform(0.5, 1.5))
+        return float(self.backoff_s * 2 ** (retry - 1) * _JITTER.uniform(0.5, 1.5))
 
 
 async def call_with_retry(
