@@ -73,6 +73,8 @@ async def test_transient_failures_are_retried_and_counted(tiny_model: Path, tmp_
             "r0@0": [grpc.StatusCode.UNAVAILABLE] * 4 + [grpc.StatusCode.DEADLINE_EXCEEDED],
             "r1@0": [grpc.StatusCode.RESOURCE_EXHAUSTED],
         }
+        # after the first sample: past what the channel's own retry can redo
+        rollout.midstream_faults = {"r5@0": [grpc.StatusCode.UNAVAILABLE]}
         reward.faults = {
             # a shed call, then two samples failing transiently: the third try completes it
             "r2@0": [grpc.StatusCode.RESOURCE_EXHAUSTED, {0: SANDBOX, 3: OVERLOADED}],
@@ -89,7 +91,7 @@ async def test_transient_failures_are_retried_and_counted(tiny_model: Path, tmp_
         await run_stage(cfg, tmp_path, rows=rows())
     assert reward.calls_by_id["r2@0"] == 3
     assert reward.calls_by_id["r4@0"] == 1
-    assert "r1@0/retry1" in rollout.request_ids
+    assert {"r1@0/retry1", "r5@0/retry1"} <= set(rollout.request_ids)
     assert drops(tmp_path, "generation_failed") == set()
     assert drops(tmp_path, "reward_failed") == {"r4@0"}
     trained = [
@@ -97,7 +99,7 @@ async def test_transient_failures_are_retried_and_counted(tiny_model: Path, tmp_
     ]
     assert {"r0@0", "r1@0", "r2@0"} <= set(trained) and len(trained) == 6
     metrics = step_metrics(tmp_path)
-    assert sum(m["failures/retries"] for m in metrics) == 5  # r0: 2, r1: 1, r2: 2
+    assert sum(m["failures/retries"] for m in metrics) == 6  # r0: 2, r1: 1, r2: 2, r5: 1
     assert [m["failures/groups"] for m in metrics] == [0, 1]
     assert [m["failures/samples"] for m in metrics] == [0, 1]
     assert [m["failures/failing_steps"] for m in metrics] == [0, 0]

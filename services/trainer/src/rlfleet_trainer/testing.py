@@ -61,6 +61,8 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self.faults: dict[str, list[grpc.StatusCode]] = {}
         """Prompt id -> status codes the next Generate calls for it end with, one each
         (tests of retries; a retry's request id `<id>/retry<k>` counts as its prompt's)."""
+        self.midstream_faults: dict[str, list[grpc.StatusCode]] = {}
+        """Like `faults`, but the stream ends with the status after its first sample."""
         self.request_ids: list[str] = []
 
     # --- generation -----------------------------------------------------------------------
@@ -114,7 +116,10 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         samples = await asyncio.to_thread(
             self._sample, list(request.prompt_token_ids), request.n, request.sampling
         )
+        midstream = self.midstream_faults.get(request.request_id.split("/")[0])
         for index, s in enumerate(samples):
+            if index == 1 and midstream:
+                await context.abort(midstream.pop(0), "double told to fail mid-stream")
             yield rollout_pb2.GenerateResult(
                 request_id=request.request_id,
                 sample_index=index,
