@@ -98,3 +98,11 @@ def test_shared_file_needs_dir() -> None:
 
 def test_unknown_choice_names_valid_ones() -> None:
     assert "tis" in _error("grpo.importance_sampling=bogus")
+
+
+def test_failure_budget_replaces_the_per_run_count() -> None:
+    message = _error("grpo.max_generation_failures=8")
+    assert "grpo.max_failed_group_fraction" in message
+    assert "grpo.max_consecutive_failing_steps" in message
+    assert "max_failed_group_fraction" in _error("grpo.max_failed_group_fraction=1")
+    assert "call_attempts" in _error("services.call_attempts=0")

@@ -103,12 +103,12 @@ class GRPOConfig(ConfigModel):
     """Failure budget of one step: the share of the prompt groups finished while collecting
     a step that may fail after retries (dropped `generation_failed` / `reward_failed` and
     replaced by fresh prompts), i.e. at most ⌊f/(1−f) × num_prompts_per_step⌋ failed groups
-    (0.5: as many as the step trains; 0: none). One more makes it a failing
-    step (see max_consecutive_failing_steps). Validation may lose this share of its
-    prompts; over that, the run stops."""
+    (0.5: as many as the step trains; 0: none). One more makes it a failing step (see
+    max_consecutive_failing_steps). Validation may lose ⌊f × num_val_prompts⌋ prompts;
+    more stop the run."""
     max_consecutive_failing_steps: int = Field(2, ge=0)
     """Failing steps tolerated in a row before the run stops (a step that uses up its
-    budget twice counts twice); a step trained within its budget ends the streak. 0 = stop
+    budget twice counts twice); a step collected within its budget ends the streak. 0 = stop
     at the first failing step."""
     val_every_steps: int = Field(0, ge=0)
     """Held-out reward every N steps; 0 = off."""
