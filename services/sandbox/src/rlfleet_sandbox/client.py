@@ -21,7 +21,7 @@ def new_client_key() -> str:
     return secrets.token_urlsafe(32)
 
 
-class ClientKeyInterceptor(aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class ClientKeyInterceptor(aio.UnaryUnaryClientInterceptor):
     """Adds `x-rlfleet-client-key` to every unary call of a channel."""
 
     def __init__(self, client_key: str) -> None:
