@@ -71,6 +71,9 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECCOMP_MODE_FILTER = 2
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 WATCH_INTERVAL_S = 0.1
+IDLE_WATCH_INTERVAL_S = 1.0
+"""Between cells the watchdog looks less often: its own CPU counts against the runner's
+RLIMIT_CPU (which also stands behind it, see `run_cell`)."""
 CPU_GRACE_S = 1.0
 """A session cell is stopped this much CPU past its limit (as RLIMIT_CPU's hard limit)."""
 
@@ -407,7 +410,10 @@ def run_cell(request: dict[str, Any], fds: list[int], namespace: dict[str, Any])
     resource.setrlimit(
         resource.RLIMIT_CPU,
         (
-            math.ceil(before.ru_utime + before.ru_stime + request["limits"]["cpu_time_s"]),
+            # Behind the watchdog (which reports properly): SIGXCPU still stops a cell
+            # that starves it by holding the GIL, unless the cell ignores SIGXCPU.
+            math.ceil(before.ru_utime + before.ru_stime + request["limits"]["cpu_time_s"] + 1)
+            + int(CPU_GRACE_S),
             resource.RLIM_INFINITY,
         ),
     )
@@ -490,12 +496,17 @@ class CpuWatchdog:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.lock = threading.Lock()
-        self.budget: tuple[float, float, float] | None = None
+        self.budget: tuple[float, float, float, float] | None = None
         self.reported = False
+        self.in_cell = False
+        self.own_cpu_s = 0.0
+        """This thread's own CPU so far (it is not the cell's to pay)."""
 
     def start_cell(self, cpu_now: float, limit_s: float) -> None:
         with self.lock:
-            self.budget = (cpu_now, math.ceil(limit_s) + CPU_GRACE_S, time.monotonic())
+            allowed = math.ceil(limit_s) + CPU_GRACE_S
+            self.budget = (cpu_now, allowed, time.monotonic(), self.own_cpu_s)
+            self.in_cell = True
 
     def report(self, result: dict[str, Any]) -> None:
         """The main thread's report of a cell, unless the watchdog already stopped it."""
@@ -503,17 +514,19 @@ class CpuWatchdog:
             if self.reported:
                 while True:  # the runner is ending: wait for os._exit
                     time.sleep(1)
+            self.in_cell = False
             send(self.sock, {"op": "done", **result})
 
     def run(self) -> None:
         exit_now = os._exit  # bound now: a cell may rebind os._exit later
         while True:
-            time.sleep(WATCH_INTERVAL_S)
+            time.sleep(WATCH_INTERVAL_S if self.in_cell else IDLE_WATCH_INTERVAL_S)
             with self.lock:
+                self.own_cpu_s = time.thread_time()
                 if self.budget is None:
                     continue
-                start_cpu, allowed_s, start_wall = self.budget
-                used = sandbox_cpu_s() - start_cpu
+                start_cpu, allowed_s, start_wall, own_at_start = self.budget
+                used = sandbox_cpu_s() - start_cpu - (self.own_cpu_s - own_at_start)
                 if used <= allowed_s:
                     continue
                 self.reported = True
