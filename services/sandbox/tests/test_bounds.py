@@ -93,7 +93,8 @@ async def test_http_calls_end_within_the_server_deadline() -> None:
     )
     try:
         busy = asyncio.create_task(harness.run("import time; time.sleep(30)", timeout_s=5))
-        await asyncio.sleep(0.3)
+        while (await harness.http.get("/health")).json()["pool_idle"] != 0:
+            await asyncio.sleep(0.05)  # until the busy run holds the only sandbox
         waiting = await harness.http.post(
             "/execute", json={"generated_code": "print(1)", "language": "python3", "timeout": 1}
         )
