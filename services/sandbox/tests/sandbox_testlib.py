@@ -15,6 +15,7 @@ import pytest
 from grpc import aio
 from rlfleet_core.server import RunningServer, ServerConfig, start_service
 from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
+from rlfleet_sandbox.client import ClientKeyInterceptor, new_client_key
 from rlfleet_sandbox.config import (
     IsolationConfig,
     PoolConfig,
@@ -22,6 +23,7 @@ from rlfleet_sandbox.config import (
     SessionsConfig,
 )
 from rlfleet_sandbox.service import SERVICE
+from rlfleet_sandbox.sessions import CLIENT_KEY_HEADER
 
 TEST_UID = 64987
 """A host uid nothing else on this machine uses, so every process running under it is a
@@ -81,6 +83,8 @@ class Harness:
     stub: sandbox_pb2_grpc.SandboxServiceStub
     http: httpx.AsyncClient
     config: SandboxServiceConfig
+    client_key: str
+    """The key every call of `stub` and `http` carries (one client)."""
 
     async def run(
         self,
@@ -112,11 +116,24 @@ class Harness:
         assert response.status_code == 200, response.text
 
 
+def client_stub(running: RunningServer, key: str | None) -> sandbox_pb2_grpc.SandboxServiceStub:
+    """A stub whose calls carry `key` (none if None)."""
+    interceptors = [ClientKeyInterceptor(key)] if key else []
+    channel = aio.insecure_channel(f"127.0.0.1:{running.grpc_port}", interceptors=interceptors)
+    return sandbox_pb2_grpc.SandboxServiceStub(channel)
+
+
+def client_http(running: RunningServer, key: str | None) -> httpx.AsyncClient:
+    headers = {CLIENT_KEY_HEADER: key} if key else {}
+    return httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{running.http_port}", timeout=60, headers=headers
+    )
+
+
 async def start_harness(config: SandboxServiceConfig) -> Harness:
     running = await start_service(SERVICE, config)
-    channel = aio.insecure_channel(f"127.0.0.1:{running.grpc_port}")
-    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{running.http_port}", timeout=60)
-    return Harness(running, sandbox_pb2_grpc.SandboxServiceStub(channel), http, config)
+    key = new_client_key()
+    return Harness(running, client_stub(running, key), client_http(running, key), config, key)
 
 
 async def stop_harness(harness: Harness) -> None:

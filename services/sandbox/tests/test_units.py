@@ -6,9 +6,11 @@ import signal
 
 import pytest
 from rlfleet_core.errors import InvalidArgument
-from rlfleet_sandbox.config import LimitsConfig
+from rlfleet_sandbox.config import LimitsConfig, SandboxServiceConfig
 from rlfleet_sandbox.inside.runner import compile_cell
 from rlfleet_sandbox.isolation import HostPath, build_bwrap_command, privilege_drop_prefix
+from rlfleet_sandbox.seccomp import DENIED_SYSCALLS, build_filter
+from rlfleet_sandbox.sessions import ANONYMOUS, owner_of
 from rlfleet_sandbox.types import RunFacts, Status, check_file_path, classify, resolve_limits
 
 
@@ -55,6 +57,10 @@ def test_bwrap_command_is_exact() -> None:
         "--new-session",
         "--cap-drop",
         "ALL",
+        "--cap-add",
+        "CAP_SYS_ADMIN",
+        "--cap-add",
+        "CAP_SETPCAP",
         "--ro-bind",
         "/usr",
         "/usr",
@@ -115,6 +121,32 @@ def test_limits_default_clamp_and_reject() -> None:
     assert limits.max_processes == 3
     with pytest.raises(InvalidArgument, match=r"limits.cpu_time_s: must be >= 0"):
         resolve_limits({"cpu_time_s": -1}, config)
+    with pytest.raises(InvalidArgument, match=r"limits.timeout_s: must be >= 0 .* got nan"):
+        resolve_limits({"timeout_s": float("nan")}, config)
+
+
+def test_http_deadline_must_cover_a_default_run() -> None:
+    with pytest.raises(ValueError, match=r"http.deadline_s \(5.0\) must be > limits.timeout_s"):
+        SandboxServiceConfig.model_validate({"http": {"deadline_s": 5}})
+
+
+def test_owner_is_a_hash_of_the_key_and_keyless_needs_permission() -> None:
+    key = "k" * 32
+    owner = owner_of(key, allow_keyless=False)
+    assert key not in owner and owner == owner_of(key, allow_keyless=False)
+    assert owner != owner_of("j" * 32, allow_keyless=False)
+    assert owner_of(None, allow_keyless=True) == ANONYMOUS
+    with pytest.raises(InvalidArgument, match=r"x-rlfleet-client-key: is required"):
+        owner_of(None, allow_keyless=False)
+    with pytest.raises(InvalidArgument, match=r"x-rlfleet-client-key: use 16-256"):
+        owner_of("with space 1234567890", allow_keyless=False)
+
+
+def test_seccomp_filter_is_classic_bpf_covering_the_list() -> None:
+    bpf = build_filter()
+    assert len(bpf) % 8 == 0  # struct sock_filter: 8 bytes per instruction
+    # More instructions than denied calls: one compare each, plus the arch checks.
+    assert len(bpf) // 8 > len(DENIED_SYSCALLS)
 
 
 def test_limits_config_checks_defaults_against_caps() -> None:

@@ -24,6 +24,16 @@ class IsolationConfig(ConfigModel):
     """Host gid, as `sandbox_uid`."""
     tmpfs_bytes: int = Field(64 << 20, ge=1 << 20)
     """Size of each writable tmpfs (/tmp holding the work dir, /dev/shm); counts against host RAM."""
+    tmpfs_inodes: int = Field(16384, ge=64, le=1 << 24)
+    """Files, directories and symlinks each writable tmpfs may hold (its `nr_inodes`).
+    Inodes are kernel memory (~1 KB each) that `tmpfs_bytes` does not bound: without this
+    a tmpfs allows millions of empty files."""
+    seccomp: bool = True
+    """Deny dangerous system calls inside the sandbox (io_uring, bpf, userfaultfd,
+    perf_event_open, kexec, keyrings, ptrace, mount, unshare, setns, modules, ...) with a
+    seccomp filter built by libseccomp (the `libseccomp2` system library). Off only where
+    libseccomp is missing, and knowingly: the filter narrows the kernel surface a program
+    can attack."""
     ro_binds: list[str] = Field(default_factory=lambda: ["/usr", "/lib", "/lib64", "/bin", "/sbin"])
     """System paths bound read-only (symlinks such as /lib -> usr/lib are recreated as
     symlinks; missing paths are skipped)."""
@@ -112,13 +122,34 @@ class SessionsConfig(ConfigModel):
     """Stateful Python sessions, each in its own sandbox."""
 
     max_sessions: int = Field(32, ge=0)
-    """Open sessions at most; creating one more is refused (RESOURCE_EXHAUSTED / HTTP 429)."""
+    """Open sessions at most, all clients together; creating one more is refused
+    (RESOURCE_EXHAUSTED / HTTP 429)."""
+    max_sessions_per_client: int = Field(8, ge=0)
+    """Open sessions at most per client (per `x-rlfleet-client-key`), so one client cannot
+    take every slot of `max_sessions`; one more is refused (RESOURCE_EXHAUSTED / HTTP 429)."""
+    allow_keyless: bool = False
+    """Let calls without an `x-rlfleet-client-key` use sessions. They then all act as one
+    client ("anonymous"): each can list, use and close the others' sessions. Only for a
+    single trusted client that cannot send the header (e.g. an unmodified NeMo-Skills
+    client); otherwise such calls are refused with INVALID_ARGUMENT / HTTP 400."""
     idle_timeout_s: float = Field(600.0, gt=0)
     """Default time a session may stay unused before it is closed."""
     max_idle_timeout_s: float = Field(3600.0, gt=0)
     """Cap on a requested idle timeout."""
     reap_interval_s: float = Field(1.0, gt=0)
     """How often idle sessions are looked for."""
+
+
+class HttpFaceConfig(ConfigModel):
+    """Bounds of the NeMo-Skills-compatible HTTP face."""
+
+    max_body_bytes: int = Field(16 << 20, ge=1 << 10)
+    """Largest request body; a larger one is refused with HTTP 413 before it is parsed."""
+    deadline_s: float = Field(330.0, gt=0)
+    """Server-side deadline of one /execute call, waiting for a sandbox included; past
+    it the call ends with HTTP 504 and its run is stopped. Must exceed `limits.timeout_s`
+    plus `pool.kill_grace_s` (checked at load); runs asking for more than `deadline_s`
+    minus the grace are cut short."""
 
 
 class SandboxServiceConfig(ServiceConfig):
@@ -128,3 +159,14 @@ class SandboxServiceConfig(ServiceConfig):
     limits: LimitsConfig = LimitsConfig()
     pool: PoolConfig = PoolConfig()
     sessions: SessionsConfig = SessionsConfig()
+    http: HttpFaceConfig = HttpFaceConfig()
+
+    @model_validator(mode="after")
+    def _http_deadline_covers_a_default_run(self) -> SandboxServiceConfig:
+        needed = self.limits.timeout_s + self.pool.kill_grace_s
+        if self.http.deadline_s <= needed:
+            raise ValueError(
+                f"http.deadline_s ({self.http.deadline_s}) must be > limits.timeout_s + "
+                f"pool.kill_grace_s ({needed}); raise http.deadline_s"
+            )
+        return self

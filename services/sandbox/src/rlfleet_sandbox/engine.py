@@ -13,7 +13,7 @@ from rlfleet_sandbox.config import SandboxServiceConfig
 from rlfleet_sandbox.metrics import EXECUTION_SECONDS, EXECUTIONS
 from rlfleet_sandbox.pool import WarmPool
 from rlfleet_sandbox.sandbox import RawRun, SandboxSpec
-from rlfleet_sandbox.sessions import RESET_NOTE, Session, SessionManager
+from rlfleet_sandbox.sessions import RESET_NOTE, Session, SessionManager, owner_of
 from rlfleet_sandbox.types import (
     ExecRequest,
     ExecResult,
@@ -67,7 +67,7 @@ class SandboxEngine:
                     "language", f"sessions run Python only, got {request.language.value}"
                 )
             raw, lost = await self.sessions.run(
-                request.session_id, request, self.config.pool.kill_grace_s
+                request.owner, request.session_id, request, self.config.pool.kill_grace_s
             )
             mode = "session"
         else:
@@ -81,19 +81,23 @@ class SandboxEngine:
         EXECUTION_SECONDS.labels(mode).observe(time.monotonic() - start)
         return result
 
+    def owner(self, client_key: str | None) -> str:
+        """The session owner a caller's client key stands for (see sessions.owner_of)."""
+        return owner_of(client_key, self.config.sessions.allow_keyless)
+
     async def create_session(
-        self, limits: RunLimits, idle_timeout_s: float, session_id: str | None = None
+        self, owner: str, limits: RunLimits, idle_timeout_s: float, session_id: str | None = None
     ) -> Session:
-        return await self.sessions.create(limits, idle_timeout_s, session_id)
+        return await self.sessions.create(owner, limits, idle_timeout_s, session_id)
 
-    async def close_session(self, session_id: str) -> bool:
-        return await self.sessions.close(session_id)
+    async def close_session(self, owner: str, session_id: str) -> bool:
+        return await self.sessions.close(owner, session_id)
 
-    def list_sessions(self) -> list[SessionInfo]:
+    def list_sessions(self, owner: str) -> list[SessionInfo]:
         now = time.monotonic()
         return [
             SessionInfo(s.session_id, s.idle_timeout_s, now - s.last_used, s.calls, s.created)
-            for s in self.sessions.list()
+            for s in self.sessions.list(owner)
         ]
 
 

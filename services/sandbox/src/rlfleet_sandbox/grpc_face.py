@@ -10,7 +10,7 @@ from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 from rlfleet_sandbox.config import LIMIT_NAMES
 from rlfleet_sandbox.engine import SandboxEngine
-from rlfleet_sandbox.sessions import check_session_id
+from rlfleet_sandbox.sessions import CLIENT_KEY_HEADER, check_session_id
 from rlfleet_sandbox.types import ExecRequest, ExecResult, InputFile, Language, check_file_path
 
 _LANGUAGES = {
@@ -31,7 +31,17 @@ def limits_from_proto(limits: sandbox_pb2.Limits) -> dict[str, float]:
     return {name: getattr(limits, name) for name in LIMIT_NAMES}
 
 
-def request_from_proto(engine: SandboxEngine, request: sandbox_pb2.ExecuteRequest) -> ExecRequest:
+def client_key(context: aio.ServicerContext[Any, Any]) -> str | None:
+    """The caller's `x-rlfleet-client-key` metadata, if any."""
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_KEY_HEADER:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return None
+
+
+def request_from_proto(
+    engine: SandboxEngine, request: sandbox_pb2.ExecuteRequest, key: str | None = None
+) -> ExecRequest:
     language = _LANGUAGES.get(request.language)
     if language is None:
         raise InvalidArgument(
@@ -44,6 +54,7 @@ def request_from_proto(engine: SandboxEngine, request: sandbox_pb2.ExecuteReques
         for i, f in enumerate(request.files)
     )
     session_id = check_session_id(request.session_id) if request.session_id else ""
+    owner = engine.owner(key) if session_id else ""
     return ExecRequest(
         language=language,
         code=request.code,
@@ -51,6 +62,7 @@ def request_from_proto(engine: SandboxEngine, request: sandbox_pb2.ExecuteReques
         stdin=request.stdin.encode(),
         files=files,
         session_id=session_id,
+        owner=owner,
     )
 
 
@@ -75,14 +87,17 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def Execute(
         self, request: sandbox_pb2.ExecuteRequest, context: aio.ServicerContext[Any, Any]
     ) -> sandbox_pb2.ExecuteResult:
-        result = await self.engine.execute(request_from_proto(self.engine, request))
+        result = await self.engine.execute(
+            request_from_proto(self.engine, request, client_key(context))
+        )
         return result_to_proto(result)
 
     async def CreateSession(
         self, request: sandbox_pb2.CreateSessionRequest, context: aio.ServicerContext[Any, Any]
     ) -> sandbox_pb2.Session:
+        owner = self.engine.owner(client_key(context))
         limits = self.engine.limits(limits_from_proto(request.limits))
-        session = await self.engine.create_session(limits, request.idle_timeout_s)
+        session = await self.engine.create_session(owner, limits, request.idle_timeout_s)
         return sandbox_pb2.Session(
             session_id=session.session_id, idle_timeout_s=session.idle_timeout_s
         )
@@ -90,5 +105,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def CloseSession(
         self, request: sandbox_pb2.CloseSessionRequest, context: aio.ServicerContext[Any, Any]
     ) -> sandbox_pb2.CloseSessionResponse:
-        existed = await self.engine.close_session(check_session_id(request.session_id))
+        session_id = check_session_id(request.session_id)
+        existed = await self.engine.close_session(
+            self.engine.owner(client_key(context)), session_id
+        )
         return sandbox_pb2.CloseSessionResponse(existed=existed)

@@ -7,19 +7,26 @@ the `X-Session-ID` header, as newer ones do), and answers `process_status`
 (`completed` | `error` | `timeout` | `failed`), `stdout`, `stderr`, plus our own fields
 (`status`, `exit_code`, times, truncation flags). Unknown body fields are ignored, as the
 original server does. GET /health, GET /sessions, DELETE /sessions/{id} as there.
+
+Sessions belong to the `x-rlfleet-client-key` header's client (see sessions.py). A body
+over `http.max_body_bytes` is refused (413) before it is parsed, and every /execute call
+ends within `http.deadline_s` (504), waiting for a sandbox included.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
 from typing import Any
 
-from fastapi import FastAPI, Header
+from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from rlfleet_core.errors import InvalidArgument, ServiceError
 
 from rlfleet_sandbox.engine import SandboxEngine
-from rlfleet_sandbox.sessions import check_session_id
+from rlfleet_sandbox.sessions import CLIENT_KEY_HEADER, check_session_id
 from rlfleet_sandbox.types import ExecRequest, ExecResult, Language, Status
 
 PROCESS_STATUS = {
@@ -80,19 +87,65 @@ def result_body(result: ExecResult) -> dict[str, Any]:
 def error_response(exc: ServiceError) -> JSONResponse:
     """Errors in the same shape as results, so clients that only read the body still
     see why (`process_status: failed`), with an HTTP code that says it too."""
+    return failed(_HTTP_CODES.get(exc.code.name, 500), exc.message)
+
+
+def failed(status_code: int, message: str) -> JSONResponse:
     return JSONResponse(
-        status_code=_HTTP_CODES.get(exc.code.name, 500),
-        content={
-            "process_status": "failed",
-            "stdout": "",
-            "stderr": exc.message,
-            "detail": exc.message,
-        },
+        status_code=status_code,
+        content={"process_status": "failed", "stdout": "", "stderr": message, "detail": message},
     )
 
 
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, refused past `max_bytes` whether or not Content-Length says so
+    (a chunked body is counted as it arrives)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class BodyFieldError(InvalidArgument):
+    """A field of the body has the wrong type or is missing (HTTP 422, as FastAPI says)."""
+
+
+def parse_body(raw: bytes) -> ExecuteBody:
+    """ExecuteBody from raw JSON; errors name the field (400 bad JSON, 422 bad field)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument("body", f"is not valid JSON ({str(exc)[:200]})") from None
+    try:
+        return ExecuteBody.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise BodyFieldError(where, first["msg"]) from None
+
+
+def utf8(value: str, field: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            field, f"is not valid Unicode text (lone surrogate at index {exc.start})"
+        ) from None
+
+
 async def execute(
-    engine: SandboxEngine, body: ExecuteBody, header_session: str | None
+    engine: SandboxEngine, body: ExecuteBody, header_session: str | None, key: str | None
 ) -> dict[str, Any]:
     language = _LANGUAGES.get(body.language)
     if language is None:
@@ -100,47 +153,77 @@ async def execute(
             "language",
             f"{body.language!r} is not supported here; use one of {', '.join(sorted(_LANGUAGES))}",
         )
-    if body.timeout < 0:
+    if not math.isfinite(body.timeout) or body.timeout < 0:
         raise InvalidArgument("timeout", f"must be >= 0 seconds (0 = default), got {body.timeout}")
+    utf8(body.generated_code, "generated_code")
+    stdin = utf8(body.std_input, "std_input")
     limits = engine.limits({"timeout_s": body.timeout})
     session_id = body.session_id or header_session or ""
+    owner = ""
     if body.language != "ipython" or not session_id:
         session_id = ""
     else:
         check_session_id(session_id)
-        if session_id not in engine.sessions:
+        owner = engine.owner(key)
+        if not engine.sessions.exists(owner, session_id):
             # NeMo-Skills clients name sessions themselves and never create them first.
-            await engine.create_session(limits, 0.0, session_id)
+            await engine.create_session(owner, limits, 0.0, session_id)
     request = ExecRequest(
         language=language,
         code=body.generated_code,
         limits=limits,
-        stdin=body.std_input.encode(),
+        stdin=stdin,
         session_id=session_id,
+        owner=owner,
     )
     return result_body(await engine.execute(request))
 
 
 def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
+    config = engine.config.http
+
     @app.post("/execute", response_model=None)
     async def post_execute(
-        body: ExecuteBody, x_session_id: str | None = Header(default=None)
+        request: Request,
+        x_session_id: str | None = Header(default=None),
+        x_rlfleet_client_key: str | None = Header(default=None, alias=CLIENT_KEY_HEADER),
     ) -> dict[str, Any] | JSONResponse:
         try:
-            return await execute(engine, body, x_session_id)
+            async with asyncio.timeout(config.deadline_s):
+                try:
+                    raw = await read_body(request, config.max_body_bytes)
+                except BodyTooLarge:
+                    return failed(
+                        413,
+                        f"body: larger than {config.max_body_bytes} bytes (http.max_body_bytes)",
+                    )
+                body = parse_body(raw)
+                return await execute(engine, body, x_session_id, x_rlfleet_client_key)
+        except BodyFieldError as exc:
+            return failed(422, exc.message)
         except ServiceError as exc:
             return error_response(exc)
+        except TimeoutError:
+            return failed(
+                504, f"the call did not finish within {config.deadline_s} s (http.deadline_s)"
+            )
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {
             "status": "healthy",
             "pool_idle": engine.pool.idle,
-            "sessions": len(engine.sessions.list()),
+            "sessions": engine.sessions.open_count,
         }
 
-    @app.get("/sessions")
-    async def sessions() -> dict[str, Any]:
+    @app.get("/sessions", response_model=None)
+    async def sessions(
+        x_rlfleet_client_key: str | None = Header(default=None, alias=CLIENT_KEY_HEADER),
+    ) -> dict[str, Any] | JSONResponse:
+        try:
+            owner = engine.owner(x_rlfleet_client_key)
+        except ServiceError as exc:
+            return error_response(exc)
         return {
             "sessions": [
                 {
@@ -150,13 +233,20 @@ def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
                     "calls": s.calls,
                     "created_unix_s": s.created_unix_s,
                 }
-                for s in engine.list_sessions()
+                for s in engine.list_sessions(owner)
             ]
         }
 
     @app.delete("/sessions/{session_id}", response_model=None)
-    async def delete_session(session_id: str) -> dict[str, Any] | JSONResponse:
-        if not await engine.close_session(session_id):
+    async def delete_session(
+        session_id: str,
+        x_rlfleet_client_key: str | None = Header(default=None, alias=CLIENT_KEY_HEADER),
+    ) -> dict[str, Any] | JSONResponse:
+        try:
+            owner = engine.owner(x_rlfleet_client_key)
+        except ServiceError as exc:
+            return error_response(exc)
+        if not await engine.close_session(owner, session_id):
             return JSONResponse(
                 status_code=404,
                 content={

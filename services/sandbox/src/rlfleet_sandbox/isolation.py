@@ -2,7 +2,8 @@
 
 Every sandbox gets fresh user, PID, IPC, UTS, cgroup, mount and network namespaces (the
 network namespace has only a loopback of its own: no route to the host or anywhere), all
-capabilities dropped, no further user namespaces (so a program cannot mount an unbounded
+capabilities dropped (the runner drops the last two itself once it has mounted its
+inode-bounded tmpfs), no further user namespaces (so a program cannot mount an unbounded
 tmpfs of its own), read-only system directories, size-capped private tmpfs for /tmp (the
 work dir lives there) and /dev/shm, a read-only root, /proc of its own PID namespace, and
 an environment that holds only what the config lists. bwrap itself is started under an
@@ -76,6 +77,12 @@ def build_bwrap_command(
         "--new-session",
         "--cap-drop",
         "ALL",
+        # Kept only until the runner has mounted /tmp and /dev/shm with an inode limit
+        # (bwrap's --size sets no nr_inodes) and dropped every capability (runner.harden).
+        "--cap-add",
+        "CAP_SYS_ADMIN",
+        "--cap-add",
+        "CAP_SETPCAP",
     ]
     for host in host_paths:
         if host.symlink_target is not None:

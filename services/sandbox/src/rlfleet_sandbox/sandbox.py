@@ -27,6 +27,7 @@ from rlfleet_sandbox.isolation import (
     resolve_bwrap,
 )
 from rlfleet_sandbox.pipes import CappedReader, feed
+from rlfleet_sandbox.seccomp import build_filter
 from rlfleet_sandbox.types import ExecRequest
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ class SandboxSpec:
     python: str
     host_paths: tuple[HostPath, ...]
     tmpfs_bytes: int
+    tmpfs_inodes: int
+    seccomp_bpf: bytes
+    """The seccomp filter the runner installs (empty: none, `isolation.seccomp=false`)."""
     env: tuple[tuple[str, str], ...]
     prefix: tuple[str, ...]
     """Run before bwrap (the privilege drop when the service is root)."""
@@ -63,6 +67,8 @@ class SandboxSpec:
             python=config.python,
             host_paths=tuple(probe_host_paths([*config.ro_binds, *config.extra_ro_binds])),
             tmpfs_bytes=config.tmpfs_bytes,
+            tmpfs_inodes=config.tmpfs_inodes,
+            seccomp_bpf=build_filter() if config.seccomp else b"",
             env=tuple(sorted(config.env.items())),
             prefix=tuple(
                 privilege_drop_prefix(config.sandbox_uid, config.sandbox_gid, os.geteuid())
@@ -78,7 +84,14 @@ class SandboxSpec:
             runner_source(),
             mode,
             str(ctrl_fd),
-            json.dumps(session_limits or {}),
+            json.dumps(
+                {
+                    "limits": session_limits,
+                    "tmpfs_bytes": self.tmpfs_bytes,
+                    "tmpfs_inodes": self.tmpfs_inodes,
+                    "seccomp": base64.b64encode(self.seccomp_bpf).decode(),
+                }
+            ),
             RUNNER_MARK,
         ]
         return build_bwrap_command(

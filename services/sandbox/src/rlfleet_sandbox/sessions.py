@@ -1,7 +1,12 @@
 """Stateful Python sessions: one dedicated sandbox per session whose runner keeps a
 namespace between cells (runner.serve_session). Calls on one session run one at a time.
 A session closes when its client closes it or when it stays unused past its idle
-timeout; at most `max_sessions` are open.
+timeout; at most `max_sessions` are open, `max_sessions_per_client` per client.
+
+Sessions are owned: a client identifies itself with a secret key (`x-rlfleet-client-key`
+header or gRPC metadata); its owner is a hash of that key, and sessions are looked up by
+(owner, session id). Another client's session is NOT_FOUND, as if it did not exist, and
+two clients that pick the same id (NeMo-Skills clients name sessions) get two sessions.
 
 A cell that overruns its time gets CellTimeout raised inside it (state kept); one that
 ignores that, or crashes the interpreter, gets its sandbox killed, and the next call
@@ -13,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
 import re
+import secrets
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted
@@ -29,6 +36,11 @@ from rlfleet_sandbox.types import ExecRequest, RunLimits
 logger = logging.getLogger(__name__)
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+CLIENT_KEY_HEADER = "x-rlfleet-client-key"
+"""HTTP header and gRPC metadata key carrying the caller's secret client key."""
+_CLIENT_KEY = re.compile(r"^[\x21-\x7e]{16,256}$")
+ANONYMOUS = "anonymous"
+"""The owner of keyless callers when `sessions.allow_keyless` is on."""
 RESET_NOTE = (
     b"\n[sandbox] the session's interpreter was stopped (it overran its limits or "
     b"crashed); its state is lost and the next call starts afresh.\n"
@@ -37,6 +49,8 @@ RESET_NOTE = (
 
 @dataclass
 class Session:
+    owner: str
+    """Hash of the creating client's key (or ANONYMOUS); never the key itself."""
     session_id: str
     limits: RunLimits
     """Limits of the session's sandbox (memory, processes, ...); per-call time limits come
@@ -55,18 +69,35 @@ def check_session_id(session_id: str, where: str = "session_id") -> str:
     return session_id
 
 
+def owner_of(client_key: str | None, allow_keyless: bool) -> str:
+    """The owner a client key stands for: a hash, so the key is never kept or logged."""
+    if not client_key:
+        if allow_keyless:
+            return ANONYMOUS
+        raise InvalidArgument(
+            CLIENT_KEY_HEADER,
+            "is required for sessions: send a random secret of 16-256 characters, the same "
+            "on every call of one client (sessions belong to the key that created them)",
+        )
+    if not _CLIENT_KEY.match(client_key):
+        raise InvalidArgument(
+            CLIENT_KEY_HEADER, "use 16-256 printable ASCII characters without spaces"
+        )
+    return "k" + hashlib.sha256(client_key.encode()).hexdigest()[:32]
+
+
 class SessionManager:
     def __init__(self, spec: SandboxSpec, config: SessionsConfig) -> None:
         self._spec = spec
         self._config = config
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[tuple[str, str], Session] = {}
         self._reaper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._reaper = asyncio.create_task(self._reap_idle())
 
     def resolve_idle_timeout(self, requested_s: float) -> float:
-        if requested_s < 0:
+        if not math.isfinite(requested_s) or requested_s < 0:
             raise InvalidArgument(
                 "idle_timeout_s", f"must be >= 0 (0 = default), got {requested_s}"
             )
@@ -75,26 +106,35 @@ class SessionManager:
         return min(requested_s, self._config.max_idle_timeout_s)
 
     async def create(
-        self, limits: RunLimits, idle_timeout_s: float, session_id: str | None = None
+        self, owner: str, limits: RunLimits, idle_timeout_s: float, session_id: str | None = None
     ) -> Session:
-        """Open a session (its sandbox starts now, so the first call is warm)."""
+        """Open a session of `owner` (its sandbox starts now, so the first call is warm).
+        Generated ids are 128 random bits."""
         if session_id is None:
-            session_id = uuid.uuid4().hex
-        elif session_id in self._sessions:
-            return self._sessions[session_id]
+            session_id = secrets.token_hex(16)
+        elif (owner, session_id) in self._sessions:
+            return self._sessions[(owner, session_id)]
+        idle_timeout_s = self.resolve_idle_timeout(idle_timeout_s)
+        mine = sum(1 for key in self._sessions if key[0] == owner)
+        if mine >= self._config.max_sessions_per_client:
+            raise ResourceExhausted(
+                f"this client has {mine} sessions open (sessions.max_sessions_per_client); "
+                "close one (DELETE /sessions/{id} or CloseSession) or wait for idle ones to expire"
+            )
         if len(self._sessions) >= self._config.max_sessions:
             raise ResourceExhausted(
                 f"{len(self._sessions)} sessions are open (sessions.max_sessions); close one "
                 "(DELETE /sessions/{id} or CloseSession) or wait for idle ones to expire"
             )
-        session = Session(session_id, limits, self.resolve_idle_timeout(idle_timeout_s))
-        self._sessions[session_id] = session
+        session = Session(owner, session_id, limits, idle_timeout_s)
+        key = (owner, session_id)
+        self._sessions[key] = session
         SESSIONS_OPEN.set(len(self._sessions))
         try:
             async with session.lock:
                 session.sandbox = await self._spawn(limits)
         except BaseException:
-            self._sessions.pop(session_id, None)
+            self._sessions.pop(key, None)
             SESSIONS_OPEN.set(len(self._sessions))
             raise
         return session
@@ -108,24 +148,30 @@ class SessionManager:
         SPAWNS.labels("session", "ok").inc()
         return sandbox
 
-    def get(self, session_id: str) -> Session:
-        session = self._sessions.get(session_id)
+    def get(self, owner: str, session_id: str) -> Session:
+        """`owner`'s session; another owner's is NOT_FOUND, worded as for a missing one so
+        that nobody learns which ids exist."""
+        session = self._sessions.get((owner, session_id))
         if session is None:
             raise NotFound(
                 f"session {session_id!r} does not exist (closed, expired or never created)"
             )
         return session
 
-    def __contains__(self, session_id: str) -> bool:
-        return session_id in self._sessions
+    def exists(self, owner: str, session_id: str) -> bool:
+        return (owner, session_id) in self._sessions
+
+    @property
+    def open_count(self) -> int:
+        return len(self._sessions)
 
     async def run(
-        self, session_id: str, request: ExecRequest, kill_grace_s: float
+        self, owner: str, session_id: str, request: ExecRequest, kill_grace_s: float
     ) -> tuple[RawRun, bool]:
         """Run one cell; returns the raw run and whether the session's state was lost."""
-        session = self.get(session_id)
+        session = self.get(owner, session_id)
         async with session.lock:
-            if session_id not in self._sessions:  # closed while we waited for the lock
+            if self._sessions.get((owner, session_id)) is not session:  # closed meanwhile
                 raise NotFound(f"session {session_id!r} was closed")
             session.calls += 1
             if session.sandbox is None or not session.sandbox.alive:
@@ -143,8 +189,8 @@ class SessionManager:
                 session.sandbox = None
             return raw, lost
 
-    async def close(self, session_id: str, reason: str = "client") -> bool:
-        session = self._sessions.pop(session_id, None)
+    async def close(self, owner: str, session_id: str, reason: str = "client") -> bool:
+        session = self._sessions.pop((owner, session_id), None)
         SESSIONS_OPEN.set(len(self._sessions))
         if session is None:
             return False
@@ -154,8 +200,8 @@ class SessionManager:
             await session.sandbox.kill()
         return True
 
-    def list(self) -> list[Session]:
-        return list(self._sessions.values())
+    def list(self, owner: str) -> list[Session]:
+        return [s for s in self._sessions.values() if s.owner == owner]
 
     async def _reap_idle(self) -> None:
         while True:
@@ -164,12 +210,12 @@ class SessionManager:
             for session in list(self._sessions.values()):
                 if not session.lock.locked() and now - session.last_used > session.idle_timeout_s:
                     logger.info("closing idle session", extra={"session_id": session.session_id})
-                    await self.close(session.session_id, reason="idle")
+                    await self.close(session.owner, session.session_id, reason="idle")
 
     async def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for session_id in list(self._sessions):
-            await self.close(session_id, reason="shutdown")
+        for owner, session_id in list(self._sessions):
+            await self.close(owner, session_id, reason="shutdown")

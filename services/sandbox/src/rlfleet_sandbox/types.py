@@ -4,6 +4,7 @@ pure rules that turn a run's raw facts into a status."""
 from __future__ import annotations
 
 import enum
+import math
 import re
 import signal
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ def resolve_limits(
     values: dict[str, Any] = {}
     for name in LIMIT_NAMES:
         value = requested.get(name, 0) or 0
-        if value < 0:
+        if math.isnan(value) or value < 0:
             raise InvalidArgument(
                 f"{field_prefix}.{name}", f"must be >= 0 (0 = default), got {value}"
             )
@@ -103,6 +104,8 @@ class ExecRequest:
     stdin: bytes = b""
     files: tuple[InputFile, ...] = ()
     session_id: str = ""
+    owner: str = ""
+    """The caller's session owner (sessions.owner_of); set when `session_id` is."""
 
 
 @dataclass

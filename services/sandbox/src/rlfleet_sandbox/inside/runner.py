@@ -12,7 +12,14 @@ snippets. The runner starts once per sandbox ahead of demand (the warm pool) and
   SCM_RIGHTS, so a later child forked from the same runner cannot find an earlier
   program's data in its copy of the runner's memory.
 * session mode (`session`): cells run in the runner process itself, in one persistent
-  namespace, so variables survive between calls (an ipython-like kernel).
+  namespace, so variables survive between calls (an ipython-like kernel). Processes a
+  cell started are killed when it ends; a watchdog thread holds the session to
+  `cpu_time_s` (+1 s) of CPU per cell, its threads and children included.
+
+Before it says ready, the runner finishes the sandbox (see `harden`): it mounts /tmp and
+/dev/shm afresh with an inode limit (bwrap cannot set one), drops the two capabilities it
+was started with for that, and installs the service's seccomp filter. Any failure there
+ends the runner before `ready`, so the sandbox never serves half-built.
 
 Wire protocol on the control socket (AF_UNIX SOCK_SEQPACKET, one JSON object per
 message): runner → service `{"op": "ready"}` once, then one `{"op": "done", ...}` per
@@ -36,6 +43,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 import types
@@ -52,6 +60,22 @@ KEY_SPEC_USER_KEYRING = -4
 KEY_SPEC_USER_SESSION_KEYRING = -5
 SYS_KEYCTL = 250  # x86-64
 IPC_RMID = 0
+CLONE_NEWNS = 0x00020000
+MS_NOSUID = 2
+MS_NODEV = 4
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+WATCH_INTERVAL_S = 0.1
+IDLE_WATCH_INTERVAL_S = 1.0
+"""Between cells the watchdog looks less often: its own CPU counts against the runner's
+RLIMIT_CPU (which also stands behind it, see `run_cell`)."""
+CPU_GRACE_S = 1.0
+"""A session cell is stopped this much CPU past its limit (as RLIMIT_CPU's hard limit)."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -133,7 +157,7 @@ def run_python(code: str, namespace: dict[str, Any], interactive: bool) -> tuple
     return 0, ""
 
 
-def become_program(request: dict[str, Any], fds: list[int], notes: int) -> NoReturn:
+def become_program(request: dict[str, Any], fds: list[int]) -> NoReturn:
     """In the forked child: set up fds, work dir and limits, then run the program; never
     returns (bash replaces the process, Python ends in `exit_program`)."""
     payload_fd, stdin_fd, stdout_fd, stderr_fd = fds
@@ -141,9 +165,12 @@ def become_program(request: dict[str, Any], fds: list[int], notes: int) -> NoRet
     for target, fd in ((0, stdin_fd), (1, stdout_fd), (2, stderr_fd)):
         os.dup2(fd, target)
     payload = json.loads(read_all(payload_fd))
-    close_fds_except(notes)
+    # No fd of the runner stays open in the program: it could forge what the runner
+    # reads there (a "memory" note once turned an OK run into MEMORY).
+    close_fds_except(-1)
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the runner ignores it
     os.chdir(WORK_DIR)
     try:
         write_files(payload["files"])
@@ -160,9 +187,8 @@ def become_program(request: dict[str, Any], fds: list[int], notes: int) -> NoRet
     sys.argv = ["-c"]
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
-    exit_code, kind = run_python(payload["code"], main.__dict__, interactive=False)
-    if kind:
-        os.write(notes, kind.encode())
+    # A MemoryError shows in the traceback on stderr, which `classify` reads.
+    exit_code, _kind = run_python(payload["code"], main.__dict__, interactive=False)
     exit_program(exit_code)
 
 
@@ -230,17 +256,30 @@ def kill_others() -> None:
 
 
 def wipe(path: str) -> None:
-    for name in os.listdir(path):
-        full = os.path.join(path, name)
-        try:
-            if os.path.isdir(full) and not os.path.islink(full):
-                os.chmod(full, 0o700)
-                wipe(full)
-                os.rmdir(full)
-            else:
-                os.unlink(full)
-        except FileNotFoundError:
-            pass
+    """Empty `path`, however deep its tree: a loop walking by relative chdir (no
+    recursion, which a 1,300-deep tree overflowed; no full paths, which pass PATH_MAX).
+    Safe because every process of the sandbox is dead by now: nothing renames meanwhile."""
+    os.chdir(path)
+    below: list[str] = []
+    while True:
+        subdir = None
+        with os.scandir(".") as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    subdir = entry.name
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.name)
+        if subdir is not None:
+            os.chmod(subdir, 0o700)
+            os.chdir(subdir)
+            below.append(subdir)
+        elif below:
+            os.chdir("..")
+            os.rmdir(below.pop())
+        else:
+            break
+    os.chdir("/")
 
 
 def clear_ipc() -> None:
@@ -337,22 +376,14 @@ def serve_oneshot(sock: socket.socket) -> None:
         request, fds = received
         if request["op"] != "run":
             continue
-        notes_r, notes_w = os.pipe()
         child = os.fork()
         if child == 0:
-            os.close(notes_r)
             sock.close()
-            become_program(request, fds, notes_w)
-        for fd in (*fds, notes_w):
+            become_program(request, fds)
+        for fd in fds:
             os.close(fd)
         result = supervise(sock, child, request["timeout_s"])
-        os.set_blocking(notes_r, False)
-        try:
-            note = os.read(notes_r, 64)
-        except BlockingIOError:
-            note = b""
-        os.close(notes_r)
-        result["memory_error"] = note == b"memory"
+        result["memory_error"] = False
         result["reusable"] = scrub(baseline)
         send(sock, {"op": "done", **result})
         if not result["reusable"]:
@@ -375,11 +406,18 @@ def run_cell(request: dict[str, Any], fds: list[int], namespace: dict[str, Any])
         2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
     )
     before = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_before = before.ru_utime + before.ru_stime
+    cpu_before = sandbox_cpu_s()
     resource.setrlimit(
         resource.RLIMIT_CPU,
-        (math.ceil(cpu_before + request["limits"]["cpu_time_s"]), resource.RLIM_INFINITY),
+        (
+            # Behind the watchdog (which reports properly): SIGXCPU still stops a cell
+            # that starves it by holding the GIL, unless the cell ignores SIGXCPU.
+            math.ceil(before.ru_utime + before.ru_stime + request["limits"]["cpu_time_s"] + 1)
+            + int(CPU_GRACE_S),
+            resource.RLIM_INFINITY,
+        ),
     )
+    watchdog.start_cell(cpu_before, request["limits"]["cpu_time_s"])
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise CellTimeout(f"cell exceeded its {request['timeout_s']} s wall-clock limit")
@@ -409,10 +447,13 @@ def run_cell(request: dict[str, Any], fds: list[int], namespace: dict[str, Any])
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os.close(null)
+    # What the cell started ends with it (a background child once outlived its cell and,
+    # with the session's open hard limit, its CPU limit too).
+    kill_others()
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "wall_s": wall_s,
-        "cpu_s": after.ru_utime + after.ru_stime - cpu_before,
+        "cpu_s": sandbox_cpu_s() - cpu_before,
         "max_rss_kb": after.ru_maxrss,
         "exit_code": exit_code,
         "signal": 0,
@@ -423,29 +464,183 @@ def run_cell(request: dict[str, Any], fds: list[int], namespace: dict[str, Any])
     }
 
 
+def sandbox_cpu_s() -> float:
+    """CPU seconds used by every process of this sandbox, living or reaped: the runner's
+    own and its reaped children's (rusage), plus each other process's own and its reaped
+    children's (/proc/<pid>/stat fields 14-17)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    ticks = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit() and name != "1":
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            ticks += sum(int(f) for f in fields[11:15])
+    return total + ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CpuWatchdog:
+    """Holds a session to `cpu_time_s` + CPU_GRACE_S of CPU per cell, counted from the
+    start of one cell to the start of the next (threads a cell leaves running spend the
+    same budget). The session runner's own hard RLIMIT_CPU must stay open (it could never
+    be raised again for the next cell), so this thread plays the hard limit: past the
+    budget it kills every process, reports the cell as killed and ends the runner (the
+    session is reset). A cell that keeps the GIL starves it; the wall clock, enforced from
+    outside by the service, still holds then."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.budget: tuple[float, float, float, float] | None = None
+        self.reported = False
+        self.in_cell = False
+        self.own_cpu_s = 0.0
+        """This thread's own CPU so far (it is not the cell's to pay)."""
+
+    def start_cell(self, cpu_now: float, limit_s: float) -> None:
+        with self.lock:
+            allowed = math.ceil(limit_s) + CPU_GRACE_S
+            self.budget = (cpu_now, allowed, time.monotonic(), self.own_cpu_s)
+            self.in_cell = True
+
+    def report(self, result: dict[str, Any]) -> None:
+        """The main thread's report of a cell, unless the watchdog already stopped it."""
+        with self.lock:
+            if self.reported:
+                while True:  # the runner is ending: wait for os._exit
+                    time.sleep(1)
+            self.in_cell = False
+            send(self.sock, {"op": "done", **result})
+
+    def run(self) -> None:
+        exit_now = os._exit  # bound now: a cell may rebind os._exit later
+        while True:
+            time.sleep(WATCH_INTERVAL_S if self.in_cell else IDLE_WATCH_INTERVAL_S)
+            with self.lock:
+                self.own_cpu_s = time.thread_time()
+                if self.budget is None:
+                    continue
+                start_cpu, allowed_s, start_wall, own_at_start = self.budget
+                used = sandbox_cpu_s() - start_cpu - (self.own_cpu_s - own_at_start)
+                if used <= allowed_s:
+                    continue
+                self.reported = True
+                kill_all()
+                with contextlib.suppress(OSError):
+                    send(
+                        self.sock,
+                        {
+                            "op": "done",
+                            "wall_s": time.monotonic() - start_wall,
+                            "cpu_s": used,
+                            "max_rss_kb": 0,
+                            "exit_code": -1,
+                            "signal": int(signal.SIGKILL),
+                            "timed_out": False,
+                            "killed": True,
+                            "memory_error": False,
+                            "reusable": False,
+                        },
+                    )
+            exit_now(0)
+
+
+watchdog: CpuWatchdog
+
+
 def serve_session(sock: socket.socket, limits: dict[str, Any]) -> None:
     """Runner loop of a session: cells share one namespace for the session's life."""
+    global watchdog
     apply_limits(limits, session=True)
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     sys.argv = [""]
+    watchdog = CpuWatchdog(sock)
+    threading.Thread(target=watchdog.run, name="rlfleet-cpu-watchdog", daemon=True).start()
     while (received := receive(sock)) is not None:
         request, fds = received
         if request["op"] == "run":
-            send(sock, {"op": "done", **run_cell(request, fds, main.__dict__)})
+            watchdog.report(run_cell(request, fds, main.__dict__))
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def mount_scratch(size_bytes: int, inodes: int) -> None:
+    """Mount /tmp and /dev/shm afresh, bounded in bytes and in inodes, in a mount
+    namespace of the sandbox's own user namespace (where the runner still holds
+    CAP_SYS_ADMIN). Every later process of the sandbox descends from the runner and so
+    sees these mounts."""
+    check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    options = f"size={size_bytes},nr_inodes={inodes},mode=0755".encode()
+    for path in SCRATCH_DIRS:
+        check(
+            _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
+            f"mount tmpfs on {path}",
+        )
+
+
+def drop_capabilities() -> None:
+    """Drop every capability, bounding and ambient sets included, and check it."""
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in range(64):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    check(_libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
+    with open("/proc/self/status") as fh:
+        status = dict(line.split(":\t", 1) for line in fh.read().splitlines() if ":\t" in line)
+    for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        if int(status[name], 16):
+            raise RuntimeError(f"capabilities left after dropping them: {name} {status[name]}")
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(bpf: bytes) -> None:
+    """Install a classic-BPF seccomp filter (built by the service with libseccomp)."""
+    check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    program = ctypes.create_string_buffer(bpf, len(bpf))
+    fprog = SockFprog(len(bpf) // 8, ctypes.addressof(program))
+    check(
+        _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
+        "seccomp",
+    )
+
+
+def harden(setup: dict[str, Any]) -> None:
+    """Finish the sandbox before anything runs in it (see the module docstring)."""
+    mount_scratch(setup["tmpfs_bytes"], setup["tmpfs_inodes"])
+    drop_capabilities()
+    if setup["seccomp"]:
+        install_seccomp(base64.b64decode(setup["seccomp"]))
 
 
 def main(argv: list[str]) -> int:
     mode, ctrl_fd = argv[1], int(argv[2])
     sock = socket.socket(fileno=ctrl_fd)
+    setup = json.loads(argv[3])
+    harden(setup)
     # Non-dumpable: a program of this sandbox (same uid) can neither ptrace the runner nor
     # read its /proc/<pid>/fd or memory.
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # As init, the runner gets only the signals it handles: Python's SIGINT handler made
+    # `kill(1, SIGINT)` from a program end it. Ignored here, restored in each program.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.makedirs(WORK_DIR, exist_ok=True)
     os.chdir(WORK_DIR)
     null = os.open(os.devnull, os.O_RDWR)
-    limits = json.loads(argv[3]) if mode == "session" else None
+    limits = setup["limits"] if mode == "session" else None
     send(sock, {"op": "ready", "python": sys.version.split()[0]})
     for target in (0, 1, 2):
         os.dup2(null, target)
