@@ -2,8 +2,9 @@
 # context: requirements.txt (uv.lock pins), wheels/ (local-only third-party wheels),
 # rlfleet/ (our packages), ca.pem.
 FROM rlfleet/base:bookworm
-# The service isolates every run with bubblewrap.
-RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
+# The service isolates every run with bubblewrap; the runner loads its seccomp filter
+# through libseccomp (named here, although apt already depends on it).
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap libseccomp2 && rm -rf /var/lib/apt/lists/*
 COPY ca.pem /etc/ssl/certs/build-ca.pem
 COPY requirements.txt /build/requirements.txt
 COPY wheels /build/wheels
