@@ -22,7 +22,7 @@ from reward_support import (
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.types import FailureKind
 
-_MB = 1 << 20
+_CHARS = 1_000_000  # under limits.max_response_chars, far over a socket buffer
 
 
 def _one_worker_server(tmp: Path) -> RewardServer:
@@ -70,7 +70,7 @@ async def test_large_jobs_and_results_do_not_stall_or_deadlock(tmp_path: Path) -
         # A slow job, then 1 MB answers whose results (~1.6 MB pickled) also exceed a
         # socket buffer. Before: the gateway blocked in write() on the next job while the
         # worker blocked in write() on its result — health froze for good.
-        texts = ["slow 3 " + "x" * _MB, *(["y" * _MB] * 3)]
+        texts = ["slow 3 " + "x" * _CHARS, *(["y" * _CHARS] * 3)]
         stop = asyncio.Event()
         probe = asyncio.create_task(_probe_health(server.http_url, stop))
         results = await _score_all(server.grpc_target, texts, timeout_s=30.0)
@@ -78,7 +78,7 @@ async def test_large_jobs_and_results_do_not_stall_or_deadlock(tmp_path: Path) -
         latencies = await probe
         for result, elapsed_s in results:
             assert result.failure_kind == FailureKind.NONE.value, result.failure_reason
-            assert len(result.reward_components) == _MB // 16
+            assert len(result.reward_components) >= _CHARS // 16
             assert elapsed_s < 30.0
         # Liveness, not speed: a frozen loop showed here as >= 3 s or a timeout.
         assert max(latencies) < 2.0, sorted(latencies)[-5:]
@@ -88,7 +88,7 @@ async def test_large_jobs_and_results_do_not_stall_or_deadlock(tmp_path: Path) -
 
 async def test_sigterm_stops_promptly_with_large_jobs_in_flight(tmp_path: Path) -> None:
     server = _one_worker_server(tmp_path)
-    texts = ["slow 30 " + "x" * _MB, *(["y" * _MB] * 3)]
+    texts = ["slow 30 " + "x" * _CHARS, *(["y" * _CHARS] * 3)]
     calls = asyncio.create_task(_score_all(server.grpc_target, texts, timeout_s=60.0))
     await asyncio.sleep(2.0)  # all four sent: one sleeping in the worker, three behind it
     server.process.send_signal(signal.SIGTERM)
