@@ -218,6 +218,18 @@ GRPC_CASES = [
         "max_field_items",
     ),
     (
+        "100k-char-env-name",  # was echoed whole: the status trailer overflowed, no answer
+        reward_pb2.ScoreRequest(env="e" * 100_000, row_json="{}"),
+        "env",
+        "unknown environment 'eeee",
+    ),
+    (
+        "100k-char-key",
+        score_request("math", _row(', "' + "k" * 100_000 + '": NaN'), "4"),
+        "row." + "k" * 97 + "...",
+        "NaN",
+    ),
+    (
         "string-field-nested-too-deep",
         score_request("structured_outputs", {"schema_str": _DEEP}, "{}"),
         "row",

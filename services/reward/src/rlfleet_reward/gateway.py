@@ -22,7 +22,7 @@ from rlfleet_reward import metrics
 from rlfleet_reward.config import RewardServiceConfig
 from rlfleet_reward.environments import ENVIRONMENT_NAMES, get_environment, register_environment
 from rlfleet_reward.environments.base import Environment
-from rlfleet_reward.limits import JsonCheck, check_size, check_text, loads
+from rlfleet_reward.limits import JsonCheck, check_size, check_text, clip, loads
 from rlfleet_reward.pool import VerifierPool
 from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxClient
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
@@ -124,7 +124,7 @@ class Gateway:
             metrics.REJECTED.labels("invalid").inc()
             known = "not enabled here" if name in ENVIRONMENT_NAMES else "unknown"
             raise InvalidArgument(
-                field, f"{known} environment {name!r}; one of {', '.join(self.enabled)}"
+                field, f"{known} environment {clip(name)!r}; one of {', '.join(self.enabled)}"
             )
         return get_environment(name)
 
@@ -172,7 +172,9 @@ class Gateway:
             spec = env.parse_row(row)
         except RowError as exc:
             metrics.REJECTED.labels("invalid").inc(len(samples) or 1)
-            raise InvalidArgument(f"{row_field}.{exc.field}", exc.problem) from None
+            raise InvalidArgument(
+                f"{row_field}.{clip(exc.field)}", clip(exc.problem, 1000)
+            ) from None
         except (ValueError, TypeError, RecursionError, OverflowError) as exc:
             # An environment that missed a malformed row (a JSON string field nested too
             # deep for its own json.loads): still the request's fault, still before work.

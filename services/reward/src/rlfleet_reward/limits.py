@@ -138,12 +138,18 @@ class JsonCheck:
                 for key, item in value.items():
                     check_text(key, f"{field}.<key>")
                     self.chars += len(key)
-                    self.walk(item, f"{field}.{key}" if field else key, depth + 1)
+                    self.walk(item, f"{field}.{clip(key)}" if field else clip(key), depth + 1)
             else:
                 for i, item in enumerate(value):
                     self.walk(item, f"{field}[{i}]", depth + 1)
         else:  # not produced by json.loads; a caller bug, still a clear refusal
             raise InvalidArgument(field, f"unsupported value of type {type(value).__name__}")
+
+
+def clip(text: str, limit: int = 100) -> str:
+    """`text` shortened for an error message: a client's value echoed whole (a 100 kB env
+    name) overflowed gRPC's 16 kB status-trailer limit and the client got no answer."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def check_size(actual: int, limit: int, field: str, name: str, unit: str) -> None:
