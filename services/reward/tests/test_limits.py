@@ -64,6 +64,14 @@ HTTP_CASES = [
         "response.output[0].content[0].text",
         "surrogate",
     ),
+    (
+        "2000-digit-int",  # parses (Python's cap is 4300), still over max_int_digits
+        "math",
+        _math_body(', "x": {"y": -' + "1" * 2000 + "}"),
+        422,
+        "x.y",
+        "an integer of 2000 digits exceeds limits.max_int_digits (1000)",
+    ),
     ("tool-args-deep", "tool_use", _call_body(_DEEP), 422, "response.output[0].arguments", "depth"),
     (
         "tool-args-nested-40",

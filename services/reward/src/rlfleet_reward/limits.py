@@ -43,26 +43,28 @@ def _parse_constant(name: str) -> _Rejected:
 
 def loads(text: str | bytes, field: str, limits: LimitsConfig) -> Any:
     """Parse JSON; InvalidArgument (naming `field`) if it is malformed or nests too deep
-    for the parser. Refused tokens (NaN, over-long integers) come back as `_Rejected`
-    markers that `check_value` reports with their path."""
-    digits = limits.max_int_digits
-    parse_int: Any = None
-    # The int hook is a Python call per integer: install it only when a digit run is long
-    # enough to matter (usually never), so ordinary bodies parse at C speed.
-    if isinstance(text, bytes):
-        long_digits = re.search(b"[0-9]{%d}" % (digits + 1), text) is not None
-    else:
-        long_digits = re.search(f"[0-9]{{{digits + 1}}}", text) is not None
-    if long_digits:
+    for the parser. Refused tokens (NaN, integers over Python's 4300-digit cap) come back
+    as `_Rejected` markers that `JsonCheck` reports with their path."""
+    try:
+        return _parse(text, field, limits, parse_int=None)
+    except ValueError as exc:
+        if "integer string conversion" not in str(exc):
+            raise
+    # Only now pay for a Python call per integer: it marks the over-long one, so the
+    # error can name its field.
+    return _parse(text, field, limits, parse_int=lambda t: _parse_int(t, limits.max_int_digits))
 
-        def parse_int(token: str) -> int | _Rejected:
-            if len(token.lstrip("-")) > digits:
-                return _Rejected(
-                    f"an integer of {len(token.lstrip('-'))} digits exceeds "
-                    f"limits.max_int_digits ({digits})"
-                )
-            return int(token)
 
+def _parse_int(token: str, max_digits: int) -> int | _Rejected:
+    digits = len(token.lstrip("-"))
+    if digits > max_digits:
+        return _Rejected(
+            f"an integer of {digits} digits exceeds limits.max_int_digits ({max_digits})"
+        )
+    return int(token)
+
+
+def _parse(text: str | bytes, field: str, limits: LimitsConfig, parse_int: Any) -> Any:
     try:
         return json.loads(text, parse_constant=_parse_constant, parse_int=parse_int)
     except json.JSONDecodeError as exc:
@@ -79,7 +81,7 @@ def loads(text: str | bytes, field: str, limits: LimitsConfig) -> Any:
 
 def check_text(value: str, field: str) -> None:
     """A string the service can echo and encode: no lone UTF-16 surrogates."""
-    found = _SURROGATE.search(value)
+    found = None if value.isascii() else _SURROGATE.search(value)
     if found is not None:
         raise InvalidArgument(
             field,
@@ -121,7 +123,15 @@ class JsonCheck:
             if not math.isfinite(value):
                 raise InvalidArgument(field, f"{value} is not a finite number")
         elif isinstance(value, int):
-            pass
+            # bit_length is O(1); count the digits only when they may be too many.
+            if value.bit_length() > 3.3 * limits.max_int_digits - 4:
+                digits = len(str(abs(value)))
+                if digits > limits.max_int_digits:
+                    raise InvalidArgument(
+                        field,
+                        f"an integer of {digits} digits exceeds "
+                        f"limits.max_int_digits ({limits.max_int_digits})",
+                    )
         elif isinstance(value, _Rejected):
             raise InvalidArgument(field, value.problem)
         elif isinstance(value, dict | list):
