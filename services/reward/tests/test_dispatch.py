@@ -88,9 +88,12 @@ async def test_large_jobs_and_results_do_not_stall_or_deadlock(tmp_path: Path) -
 
 async def test_sigterm_stops_promptly_with_large_jobs_in_flight(tmp_path: Path) -> None:
     server = _one_worker_server(tmp_path)
-    texts = ["slow 30 " + "x" * _CHARS, *(["y" * _CHARS] * 3)]
+    # The first job's result and the jobs queued behind it exceed a socket buffer: the old
+    # pool deadlocked ~3 s in, and its blocked loop never ran the SIGTERM handler. The
+    # last job is still running in the worker when SIGTERM comes.
+    texts = ["slow 3 " + "x" * _CHARS, *(["y" * _CHARS] * 3), "slow 20"]
     calls = asyncio.create_task(_score_all(server.grpc_target, texts, timeout_s=60.0))
-    await asyncio.sleep(2.0)  # all four sent: one sleeping in the worker, three behind it
+    await asyncio.sleep(6.0)
     server.process.send_signal(signal.SIGTERM)
     try:
         code = await asyncio.to_thread(server.process.wait, 15)
