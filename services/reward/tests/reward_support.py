@@ -20,7 +20,10 @@ from rlfleet_core.client import check_health
 from rlfleet_proto.v1 import reward_pb2
 
 TESTS_DIR = Path(__file__).resolve().parent  # on the workers' PYTHONPATH: reward_test_envs
-TEST_ENVS = "{hang: reward_test_envs:HangEnvironment, crash: reward_test_envs:CrashEnvironment}"
+TEST_ENVS = (
+    "{hang: reward_test_envs:HangEnvironment, crash: reward_test_envs:CrashEnvironment, "
+    "big: reward_test_envs:BigEnvironment}"
+)
 
 
 def free_port() -> int:

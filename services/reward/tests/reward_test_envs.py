@@ -2,7 +2,8 @@
 
 They prove the worker pool's safety net, which real verifiers only hit on rare inputs:
 `hang` blocks SIGALRM and sleeps (a verifier stuck in C code, where the worker's soft
-timeout cannot reach it), `crash` kills its own process.
+timeout cannot reach it), `crash` kills its own process, `big` answers with a large result (a job and its result
+both larger than a pipe's buffer: the dispatch must not deadlock on them).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import Environment
-from rlfleet_reward.types import Sample, Score, binary
+from rlfleet_reward.types import Sample, Score, binary, scored
 
 
 class HangEnvironment(Environment):
@@ -42,3 +43,16 @@ class CrashEnvironment(Environment):
         if sample.text == "crash":
             os._exit(3)
         return binary("ok", True, pid=os.getpid())
+
+
+class BigEnvironment(Environment):
+    name: ClassVar[str] = "big"
+    description: ClassVar[str] = "test: a result with one component per 16 characters of answer"
+
+    def parse_row(self, row: Mapping[str, Any]) -> None:
+        return None
+
+    def score(self, spec: None, sample: Sample) -> Score:
+        if sample.text.startswith("slow"):
+            time.sleep(float(sample.text.split()[1]))
+        return scored({f"part_{i}": 0.0 for i in range(len(sample.text) // 16)})

@@ -35,6 +35,40 @@ class PoolConfig(ConfigModel):
         return value
 
 
+class LimitsConfig(ConfigModel):
+    """Input limits (`limits.*`), checked before any work is done. A request over a size
+    limit is refused with HTTP 413 (gRPC INVALID_ARGUMENT); any other malformed input
+    with HTTP 422 (gRPC INVALID_ARGUMENT); both name the field and the limit."""
+
+    max_request_bytes: int = Field(8 << 20, ge=1 << 10, le=64 << 20)
+    """Largest request: an HTTP body, or a serialized gRPC request (a ScoreStream item).
+    Bodies over this are refused from their Content-Length, unread; it also bounds the
+    time one request can hold the event loop in JSON parsing."""
+    max_response_chars: int = Field(1 << 20, ge=1 << 10)
+    """Characters in one response to score: final text plus reasoning (a 128k-token
+    generation is ~0.5 M)."""
+    max_row_chars: int = Field(1 << 20, ge=1 << 10)
+    """Size of one row: characters of `row_json` (gRPC), or of the strings and keys in the
+    row fields (HTTP, where the row is the body without `response`)."""
+    max_group_size: int = Field(1024, ge=1)
+    """Responses in one ScoreGroup call."""
+    max_json_depth: int = Field(32, ge=2, le=256)
+    """Nesting of objects and arrays in any JSON the service reads (body, `row_json`,
+    tool-call arguments)."""
+    max_json_items: int = Field(10_000, ge=1)
+    """Entries in any one JSON array or object."""
+    max_field_items: dict[str, int] = Field(
+        default_factory=lambda: {"instruction_id_list": 256, "kwargs": 256}
+    )
+    """Tighter entry limits for arrays/objects under these keys, wherever they appear:
+    each instruction of `instruction_following` costs a check in the worker and a
+    component in the result (40,000 made ~1 MB jobs and ~1.6 MB results)."""
+    max_json_nodes: int = Field(200_000, ge=100)
+    """Values (strings, numbers, arrays, objects...) in one request's JSON."""
+    max_int_digits: int = Field(1000, ge=20, le=4300)
+    """Digits of a JSON integer (Python refuses to parse more than 4300)."""
+
+
 class SandboxConfig(ConfigModel):
     """How the `code` environment reaches the sandbox service (`sandbox.*`)."""
 
@@ -63,6 +97,7 @@ class RewardServiceConfig(ServiceConfig):
     """ScoreStream requests of one stream being scored at once; the stream reads no
     further until one finishes (flow control instead of unbounded buffering)."""
     pool: PoolConfig = PoolConfig()
+    limits: LimitsConfig = LimitsConfig()
     sandbox: SandboxConfig = SandboxConfig()
 
     @field_validator("environments")

@@ -10,7 +10,6 @@ with a failure kind and reason, never as an exception and never as a silent 0.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from rlfleet_reward import metrics
 from rlfleet_reward.config import RewardServiceConfig
 from rlfleet_reward.environments import ENVIRONMENT_NAMES, get_environment, register_environment
 from rlfleet_reward.environments.base import Environment
+from rlfleet_reward.limits import JsonCheck, check_size, check_text, clip, loads
 from rlfleet_reward.pool import VerifierPool
 from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxClient
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
@@ -124,23 +124,35 @@ class Gateway:
             metrics.REJECTED.labels("invalid").inc()
             known = "not enabled here" if name in ENVIRONMENT_NAMES else "unknown"
             raise InvalidArgument(
-                field, f"{known} environment {name!r}; one of {', '.join(self.enabled)}"
+                field, f"{known} environment {clip(name)!r}; one of {', '.join(self.enabled)}"
             )
         return get_environment(name)
 
-    @staticmethod
-    def parse_row_json(row_json: str, field: str = "row_json") -> dict[str, Any]:
+    def parse_row_json(self, row_json: str, field: str = "row_json") -> dict[str, Any]:
+        """The row of a gRPC request, checked against `limits` (InvalidArgument names the
+        field: `row_json` for the text, `row.<key>` inside it)."""
+        limits = self.config.limits
         try:
-            row = json.loads(row_json) if row_json.strip() else {}
-        except json.JSONDecodeError as exc:
+            check_size(len(row_json), limits.max_row_chars, field, "max_row_chars", "characters")
+            row = loads(row_json, field, limits) if row_json.strip() else {}
+            if not isinstance(row, dict):
+                raise InvalidArgument(field, f"must be a JSON object, got {type(row).__name__}")
+            JsonCheck(limits).check(row, "row")
+        except InvalidArgument:
             metrics.REJECTED.labels("invalid").inc()
-            raise InvalidArgument(
-                field, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-            ) from None
-        if not isinstance(row, dict):
-            metrics.REJECTED.labels("invalid").inc()
-            raise InvalidArgument(field, f"must be a JSON object, got {type(row).__name__}")
+            raise
         return row
+
+    def check_samples(self, samples: Sequence[Sample]) -> None:
+        """Responses within `limits` (sizes; text the faces can echo)."""
+        limits = self.config.limits
+        check_size(len(samples), limits.max_group_size, "responses", "max_group_size", "responses")
+        for i, sample in enumerate(samples):
+            where = "response" if len(samples) == 1 else f"responses[{i}]"
+            size = len(sample.text) + len(sample.reasoning_text)
+            check_size(size, limits.max_response_chars, where, "max_response_chars", "characters")
+            check_text(sample.text, f"{where}.text")
+            check_text(sample.reasoning_text, f"{where}.reasoning_text")
 
     def prepare(
         self,
@@ -152,10 +164,25 @@ class Gateway:
         """The environment and its parsed spec; InvalidArgument names the bad field."""
         env = self.environment(env_name)
         try:
+            self.check_samples(samples)
+        except InvalidArgument:
+            metrics.REJECTED.labels("invalid").inc(len(samples) or 1)
+            raise
+        try:
             spec = env.parse_row(row)
         except RowError as exc:
             metrics.REJECTED.labels("invalid").inc(len(samples) or 1)
-            raise InvalidArgument(f"{row_field}.{exc.field}", exc.problem) from None
+            raise InvalidArgument(
+                f"{row_field}.{clip(exc.field)}", clip(exc.problem, 1000)
+            ) from None
+        except (ValueError, TypeError, RecursionError, OverflowError) as exc:
+            # An environment that missed a malformed row (a JSON string field nested too
+            # deep for its own json.loads): still the request's fault, still before work.
+            metrics.REJECTED.labels("invalid").inc(len(samples) or 1)
+            raise InvalidArgument(
+                row_field,
+                f"{env_name} cannot parse this row ({type(exc).__name__}: {str(exc)[:200]})",
+            ) from None
         if env.needs_num_tokens:
             for i, sample in enumerate(samples):
                 if sample.num_tokens <= 0:

@@ -1,7 +1,8 @@
 """rlfleet.v1.RewardService over gRPC: proto <-> domain translation around `Gateway`.
 
-Unary calls (Score, ScoreGroup) refuse a malformed request with INVALID_ARGUMENT naming
-the field, and a full verifier queue with RESOURCE_EXHAUSTED. A stream cannot refuse one
+Unary calls (Score, ScoreGroup) refuse a malformed request, or one over a `limits.*` size,
+with INVALID_ARGUMENT naming the field and the limit (not RESOURCE_EXHAUSTED: retrying
+the same request cannot help), and a full verifier queue with RESOURCE_EXHAUSTED. A stream cannot refuse one
 item without ending every other, so ScoreStream answers such items with a result whose
 failure_kind is INVALID_ROW / OVERLOADED instead.
 """
@@ -18,6 +19,7 @@ from rlfleet_core.errors import InvalidArgument, ResourceExhausted
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 
 from rlfleet_reward.gateway import Gateway
+from rlfleet_reward.limits import check_size
 from rlfleet_reward.text import split_reasoning
 from rlfleet_reward.types import FailureKind, Overloaded, Sample, Score, failure
 
@@ -49,9 +51,14 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         self.gateway = gateway
         self.max_stream_in_flight = max_stream_in_flight
 
+    def _check_size(self, request: reward_pb2.ScoreRequest | reward_pb2.ScoreGroupRequest) -> None:
+        limit = self.gateway.config.limits.max_request_bytes
+        check_size(request.ByteSize(), limit, "request", "max_request_bytes", "bytes")
+
     async def Score(
         self, request: reward_pb2.ScoreRequest, context: aio.ServicerContext[Any, Any]
     ) -> reward_pb2.ScoreResult:
+        self._check_size(request)
         row = self.gateway.parse_row_json(request.row_json)
         try:
             score = await self.gateway.score(
@@ -66,6 +73,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     ) -> reward_pb2.ScoreGroupResult:
         if not request.responses:
             raise InvalidArgument("responses", "must hold at least one response")
+        self._check_size(request)
         row = self.gateway.parse_row_json(request.row_json)
         samples = [sample_from_proto(r) for r in request.responses]
         try:
@@ -83,6 +91,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         self, request: reward_pb2.ScoreRequest, deadline_s: float | None
     ) -> reward_pb2.ScoreResult:
         try:
+            self._check_size(request)
             row = self.gateway.parse_row_json(request.row_json)
             score = await self.gateway.score(
                 request.env, row, sample_from_proto(request.response), deadline_s

@@ -7,12 +7,13 @@ parts, reasoning in `reasoning` items, tool calls in `function_call` items, toke
 in `usage.output_tokens`) and the environment's row fields.
 Answer: the request echoed back plus `reward`, `reward_components`, `failure_kind`,
 `failure_reason`, `mask_sample` (NeMo-Gym 0.7 names) and `verifier_info`.
-A malformed request gets 422 naming the field (FastAPI's `detail` shape), a full queue 429.
+A malformed request gets 422 naming the field (FastAPI's `detail` shape, plus `field`),
+one over a size limit (`limits.*`) 413 in the same shape, a full queue 429 — all before
+any scoring.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,8 +21,10 @@ from fastapi.responses import JSONResponse
 from rlfleet_core.errors import InvalidArgument
 
 from rlfleet_reward import metrics
+from rlfleet_reward.config import LimitsConfig
 from rlfleet_reward.environments.tool_use import decode_arguments
 from rlfleet_reward.gateway import Gateway
+from rlfleet_reward.limits import JsonCheck, NotJson, TooLarge, check_size, loads
 from rlfleet_reward.text import split_reasoning
 from rlfleet_reward.types import Overloaded, Sample, Score, ToolCall
 
@@ -58,8 +61,27 @@ def _part_texts(parts: Any, field: str) -> list[str]:
     return texts
 
 
-def sample_from_response(response: Any) -> Sample:
-    """A `Sample` from an OpenAI Responses object; InvalidArgument names a malformed part."""
+_MAX_TOKENS = (1 << 31) - 1
+# An oversized body is read and dropped up to this many times the limit, so the client
+# (still sending) gets the 413 rather than a reset connection; beyond it we hang up.
+_DRAIN_FACTOR = 8
+
+
+def _arguments(raw: Any, field: str, check: JsonCheck) -> dict[str, Any] | None:
+    """A function_call's arguments as an object; None if the model wrote no JSON object
+    (a wrong call, scored as such); InvalidArgument if they break `limits`."""
+    if isinstance(raw, str) and raw.strip():
+        try:
+            raw = loads(raw, field, check.limits)
+        except NotJson:
+            return None
+        check.check(raw, field)
+    return decode_arguments(raw)
+
+
+def sample_from_response(response: Any, check: JsonCheck) -> Sample:
+    """A `Sample` from an OpenAI Responses object; InvalidArgument names a malformed part.
+    `check` has already seen the object; it bounds the tool-call arguments decoded here."""
     if not isinstance(response, dict):
         raise InvalidArgument(
             "response", "required: an OpenAI Responses object with `output` items"
@@ -83,7 +105,7 @@ def sample_from_response(response: Any) -> Sample:
         elif kind == "function_call":
             if not isinstance(item.get("name"), str):
                 raise InvalidArgument(f"{where}.name", "required for a function_call item")
-            arguments = decode_arguments(item.get("arguments", "{}"))
+            arguments = _arguments(item.get("arguments", "{}"), f"{where}.arguments", check)
             # The model wrote arguments that are not a JSON object: a wrong call, not a bad request.
             calls.append(
                 ToolCall(
@@ -96,9 +118,10 @@ def sample_from_response(response: Any) -> Sample:
     answer, think = split_reasoning("\n".join(texts))
     usage = response.get("usage") or {}
     tokens = usage.get("output_tokens", 0) if isinstance(usage, dict) else 0
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= _MAX_TOKENS:
         raise InvalidArgument(
-            "response.usage.output_tokens", f"expected a non-negative integer, got {tokens!r}"
+            "response.usage.output_tokens",
+            f"expected an integer in [0, {_MAX_TOKENS}], got {str(tokens)[:50]}",
         )
     return Sample(
         text=answer,
@@ -120,10 +143,10 @@ def verify_response(body: dict[str, Any], score: Score) -> dict[str, Any]:
     }
 
 
-def _unprocessable(field: str, problem: str) -> JSONResponse:
+def _unprocessable(field: str, problem: str, status: int = 422) -> JSONResponse:
     loc = ["body", *field.split(".")] if field else ["body"]
     return JSONResponse(
-        status_code=422,
+        status_code=status,
         content={"detail": [{"loc": loc, "msg": problem, "type": "value_error"}], "field": field},
     )
 
@@ -140,24 +163,66 @@ def _route_env(body: dict[str, Any]) -> str:
     )
 
 
+async def read_body(request: Request, limits: LimitsConfig) -> bytes:
+    """The request body, or TooLarge once it passes `limits.max_request_bytes` (judged
+    from Content-Length when given; the rest is drained, not kept)."""
+    limit = limits.max_request_bytes
+    declared = request.headers.get("content-length", "")
+    too_large = declared.isdigit() and int(declared) > limit
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            too_large = True
+        if too_large:
+            chunks.clear()
+            if size > _DRAIN_FACTOR * limit:
+                break
+        else:
+            chunks.append(chunk)
+    if too_large:
+        check_size(max(size, int(declared or 0)), limit, "", "max_request_bytes", "bytes")
+    return b"".join(chunks)
+
+
+def parse_request(raw: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], Sample]:
+    """The verify body and its response as a Sample, every field checked against
+    `limits` (the row is the body without `response`)."""
+    body = loads(raw, "", limits)
+    if not isinstance(body, dict):
+        raise InvalidArgument("", "request body must be a JSON object")
+    check = JsonCheck(limits)
+    row_chars = 0
+    for key, value in body.items():
+        chars = check.check(value, key)
+        if key != "response":
+            row_chars += len(key) + chars
+    if row_chars > limits.max_row_chars:
+        raise TooLarge(
+            "",
+            f"the row fields (all but `response`) hold {row_chars} characters of text, "
+            f"exceeding limits.max_row_chars ({limits.max_row_chars})",
+        )
+    return body, sample_from_response(body.get("response"), check)
+
+
 def add_routes(app: FastAPI, gateway: Gateway) -> None:
+    limits = gateway.config.limits
+
     async def verify(env: str | None, request: Request) -> JSONResponse:
         label = env or "?"
         try:
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise InvalidArgument("", f"request body is not valid JSON ({exc})") from None
-            if not isinstance(body, dict):
-                raise InvalidArgument("", "request body must be a JSON object")
+            body, sample = parse_request(await read_body(request, limits), limits)
             env = env or _route_env(body)
             label = env if env in gateway.enabled else "?"
             row = {k: v for k, v in body.items() if k != "response"}
-            score = await gateway.score(env, row, sample_from_response(body.get("response")))
+            score = await gateway.score(env, row, sample)
         except InvalidArgument as exc:
-            metrics.HTTP_REQUESTS.labels(label, "422").inc()
+            status = 413 if isinstance(exc, TooLarge) else 422
+            metrics.HTTP_REQUESTS.labels(label, str(status)).inc()
             field = exc.field.removeprefix("row.")
-            return _unprocessable(field, exc.message.split(": ", 1)[-1])
+            return _unprocessable(field, exc.message.split(": ", 1)[-1], status)
         except Overloaded as exc:
             metrics.HTTP_REQUESTS.labels(label, "429").inc()
             return JSONResponse(

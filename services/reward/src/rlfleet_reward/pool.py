@@ -2,9 +2,17 @@
 
 Why not concurrent.futures.ProcessPoolExecutor: it cannot stop one hung task — the only
 remedy is to tear down the whole pool, failing every job in flight. Here each worker is
-owned by one asyncio "slot" task that sends it one job at a time over a pipe and waits
-for the pipe to become readable (no thread per call). A worker that misses its deadline
-is SIGKILLed and replaced while the other slots keep serving.
+owned by one asyncio "slot" task that talks to it over a socketpair driven by the event
+loop (no thread per call). A worker that misses its deadline is SIGKILLed and replaced
+while the other slots keep serving.
+
+Dispatch never blocks the event loop, which also serves gRPC and HTTP: a job is handed to
+the socket's asyncio transport, which writes it as fast as the worker reads, and results
+are read concurrently. A blocking `Connection.send` here once froze /healthz while a 5 MB
+answer waited behind a slow job, and deadlocked for good when the gateway was writing a
+large job while the worker was writing a large result (each waiting for the other to read).
+The worker end stays a plain blocking `multiprocessing.connection.Connection`; the
+gateway end speaks the same framing (`_frame`, `_Worker.recv`).
 
 Workers are forked from a forkserver that has already imported the verifier libraries
 (math-verify + sympy take ~4 s to import, reasoning-gym ~7 s): a replacement is ready in
@@ -22,11 +30,15 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import pickle
+import socket
+import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from rlfleet_reward import metrics
@@ -37,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 120.0  # first start may import reasoning-gym in a cold forkserver
 _PREFETCH = 2  # jobs in a worker's pipe: the running one and the next
+_READ_LIMIT = 1 << 20  # read buffer per worker socket: results up to ~this arrive in one go
+_RETIRE_S = 2.0  # a worker asked to exit gets this long before it is killed
 
 
 @dataclass
@@ -50,10 +64,37 @@ class _Job:
     enqueued: float = field(default_factory=time.monotonic)
 
 
+def _frame(message: Any) -> tuple[bytes, memoryview]:
+    """`message` framed as `multiprocessing.connection.Connection.send` frames it."""
+    payload = ForkingPickler.dumps(message)
+    n = len(payload)
+    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    return header, payload
+
+
 @dataclass
 class _Worker:
     process: BaseProcess
-    conn: Connection
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    def send(self, message: Any) -> None:
+        """Queue `message` for the worker and return at once: the transport writes it as
+        the worker reads, while `recv` keeps draining results (no write-write deadlock).
+        Buffered bytes are bounded by `_PREFETCH` jobs, each bounded by `limits.*`."""
+        for part in _frame(message):
+            self.writer.write(part)
+
+    async def recv(self) -> Any:
+        """The next message from the worker; EOFError (IncompleteReadError) if it is gone."""
+        (n,) = struct.unpack("!i", await self.reader.readexactly(4))
+        if n == -1:
+            (n,) = struct.unpack("!Q", await self.reader.readexactly(8))
+        return pickle.loads(await self.reader.readexactly(n))
+
+    def abort(self) -> None:
+        """Drop the connection now, discarding anything not yet written."""
+        self.writer.transport.abort()
 
 
 class VerifierPool:
@@ -94,7 +135,7 @@ class VerifierPool:
     # --- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        workers = await asyncio.gather(*(asyncio.to_thread(self._spawn) for _ in range(self.size)))
+        workers = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
         self._workers = list(workers)
         self._tasks = [
             asyncio.create_task(self._serve(i), name=f"verifier-slot-{i}") for i in range(self.size)
@@ -114,45 +155,56 @@ class VerifierPool:
                 job.future.set_result(
                     failure(FailureKind.OVERLOADED, "reward service is shutting down")
                 )
-        await asyncio.gather(
-            *(asyncio.to_thread(self._retire, w) for w in self._workers if w is not None)
-        )
+        await asyncio.gather(*(self._retire(w) for w in self._workers if w is not None))
         self._workers = [None] * self.size
         metrics.POOL_WORKERS.set(0)
 
-    def _spawn(self) -> _Worker:
-        """Start one worker and wait for its ready message (blocking: run in a thread)."""
-        parent, child = self._ctx.Pipe(duplex=True)
+    async def _spawn(self) -> _Worker:
+        """Start one worker and wait for its ready message."""
+        parent_sock, child_sock = socket.socketpair()
+        child = Connection(child_sock.detach())
         process = self._ctx.Process(
             target=worker_main,
             args=(child, self.env_names, self.preload_modules, self.extra_environments),
             daemon=True,
             name="rlfleet-verifier",
         )
-        process.start()
-        child.close()
-        if not parent.poll(_READY_TIMEOUT_S):
-            process.kill()
-            raise RuntimeError(f"verifier worker did not start within {_READY_TIMEOUT_S:.0f}s")
         try:
-            parent.recv()
-        except EOFError:
-            process.join(5.0)
+            await asyncio.to_thread(process.start)  # talks to the forkserver: blocking
+        except BaseException:
+            parent_sock.close()
+            raise
+        finally:
+            child.close()
+        reader, writer = await asyncio.open_connection(sock=parent_sock, limit=_READ_LIMIT)
+        worker = _Worker(process, reader, writer)
+        try:
+            await asyncio.wait_for(worker.recv(), _READY_TIMEOUT_S)
+        except TimeoutError:
+            process.kill()
+            worker.abort()
+            raise RuntimeError(
+                f"verifier worker did not start within {_READY_TIMEOUT_S:.0f}s"
+            ) from None
+        except (EOFError, OSError):
+            worker.abort()
+            await asyncio.to_thread(process.join, 5.0)
             raise RuntimeError(
                 f"verifier worker exited during start-up (exit code {process.exitcode})"
             ) from None
-        return _Worker(process, parent)
+        return worker
 
     @staticmethod
-    def _retire(worker: _Worker) -> None:
-        """Ask a worker to exit; kill it if it does not (blocking: run in a thread)."""
-        with contextlib.suppress(OSError):
-            worker.conn.send(None)
-        worker.process.join(2.0)
+    async def _retire(worker: _Worker) -> None:
+        """Ask a worker to exit; kill it if it has not within `_RETIRE_S`."""
+        if not worker.writer.is_closing():
+            worker.send(None)
+            worker.writer.close()  # EOF once the buffer is written: the worker exits on it
+        await asyncio.to_thread(worker.process.join, _RETIRE_S)
         if worker.process.is_alive():
             worker.process.kill()
-            worker.process.join(2.0)
-        worker.conn.close()
+            await asyncio.to_thread(worker.process.join, _RETIRE_S)
+        worker.abort()
 
     async def _replace(self, slot: int, reason: str) -> None:
         self.restarts += 1
@@ -162,11 +214,11 @@ class VerifierPool:
         self._workers[slot] = None
         if old is not None:
             old.process.kill()
+            old.abort()
             await asyncio.to_thread(old.process.join, 5.0)
-            old.conn.close()
         while True:  # a slot must not die with its worker: keep trying, loudly
             try:
-                self._workers[slot] = await asyncio.to_thread(self._spawn)
+                self._workers[slot] = await self._spawn()
                 return
             except (RuntimeError, OSError) as exc:
                 logger.error(
@@ -283,11 +335,10 @@ class VerifierPool:
             await self._replace(slot, "dead")
             worker = self._workers[slot]
         assert worker is not None
-        try:
-            worker.conn.send((job.job_id, job.env, job.spec, job.sample, self.soft_deadline(job)))
-        except OSError:
+        if worker.writer.is_closing():  # the connection broke (the worker died)
             await self._replace(slot, "dead")
             return False
+        worker.send((job.job_id, job.env, job.spec, job.sample, self.soft_deadline(job)))
         return True
 
     async def _await_oldest(self, slot: int, job: _Job) -> tuple[Score, str | None]:
@@ -295,10 +346,9 @@ class VerifierPool:
         worker = self._workers[slot]
         assert worker is not None
         try:
-            await asyncio.wait_for(
-                self._readable(worker.conn), max(0.0, job.deadline - time.monotonic())
+            job_id, result = await asyncio.wait_for(
+                worker.recv(), max(0.0, job.deadline - time.monotonic())
             )
-            job_id, result = worker.conn.recv()
         except TimeoutError:
             worker.process.kill()  # now, so it stops burning a core while we answer
             budget = job.deadline - job.enqueued
@@ -307,7 +357,7 @@ class VerifierPool:
                 f"{job.env} verifier hung past its {budget:.2f}s budget; "
                 "its worker was killed and replaced",
             ), "timeout"
-        except (EOFError, OSError) as exc:
+        except (EOFError, OSError, pickle.UnpicklingError) as exc:
             await asyncio.to_thread(worker.process.join, 2.0)  # reap it, to report its exit code
             return failure(
                 FailureKind.VERIFIER_ERROR,
@@ -329,18 +379,3 @@ class VerifierPool:
         if budget_s > 2 * self.kill_grace_s:
             return job.deadline - self.kill_grace_s
         return job.deadline - budget_s / 2
-
-    @staticmethod
-    def _readable(conn: Connection) -> asyncio.Future[None]:
-        """A future that completes when `conn` has data (or EOF), via the event loop's selector."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        fd = conn.fileno()
-
-        def ready() -> None:
-            if not future.done():
-                future.set_result(None)
-
-        loop.add_reader(fd, ready)
-        future.add_done_callback(lambda _: loop.remove_reader(fd))
-        return future
