@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import uvicorn
 from fastapi import FastAPI, Response
@@ -36,6 +36,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import Field, field_validator
 
+from rlfleet_core.auth import AuthInterceptor, HTTPAuthMiddleware, server_token
 from rlfleet_core.config import ConfigError, ConfigModel, load_config
 from rlfleet_core.errors import StartupError
 from rlfleet_core.interceptors import ServerInterceptor
@@ -64,6 +65,11 @@ class ServerConfig(ConfigModel):
     """Cap on any call's deadline, streams included."""
     max_concurrent_rpcs: int | None = Field(None, ge=1)
     """Calls handled at once; more are refused with RESOURCE_EXHAUSTED. None = no cap."""
+    auth: Literal["auto", "token", "off"] = "auto"
+    """Shared-token authentication (token from RLFLEET_AUTH_TOKEN_FILE or RLFLEET_AUTH_TOKEN;
+    `rlfleet_core.auth`, docs/security.md). auto: check it when set; without one, serve
+    openly on loopback and refuse to start on any other address. token: refuse to start
+    without one. off: never check (loud warning beyond loopback). Health stays open."""
 
     @field_validator("host")
     @classmethod
@@ -175,9 +181,15 @@ class _UvicornServer(uvicorn.Server):
 async def start_service(definition: ServiceDefinition, config: ServiceConfig) -> RunningServer:
     """Start `definition` with `config` in the running event loop; returns once SERVING."""
     cfg = config.server
+    token = server_token(cfg.auth, cfg.host)  # before anything heavy: a refusal is instant
     service = definition.factory(config)
+    interceptors: list[aio.ServerInterceptor] = [
+        ServerInterceptor(definition.name, cfg.default_timeout_s, cfg.max_timeout_s)
+    ]
+    if token is not None:
+        interceptors.append(AuthInterceptor(token))
     server = aio.server(
-        interceptors=[ServerInterceptor(definition.name, cfg.default_timeout_s, cfg.max_timeout_s)],
+        interceptors=interceptors,
         options=[
             ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -232,6 +244,8 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
         http_listener = sock
         app = _health_app(definition, health)
         service.http_routes(app)
+        if token is not None:
+            app.add_middleware(HTTPAuthMiddleware, token=token)
         http = _UvicornServer(
             uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         )
@@ -254,6 +268,7 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
             "grpc": f"{cfg.host}:{grpc_port}",
             "http": f"{cfg.host}:{http_port}" if http_port else "off",
             "version": package_version(definition.package),
+            "auth": "token" if token is not None else "off",
         },
     )
 
