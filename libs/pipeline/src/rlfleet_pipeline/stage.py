@@ -106,7 +106,7 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
         )
     if isinstance(profile, ComposeProfile):
         stack = compose_stack(profile)
-        token = token_file_for(run_dir, os.environ)
+        token = token_file_for(run_dir, os.environ)  # made (0600) by the run if missing
         env = (
             f"{ROLLOUT_ENGINE_VAR}={engine} {ROLLOUT_MODEL_VAR}={recipe.policy.model} "
             f"{TOKEN_FILE_ENV}={token}"
@@ -122,7 +122,6 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
             ],
         )
         return (
-            f"# the fleet token: {token} (made 0600 if missing; docs/security.md)\n"
             f"{env} {shlex.join([*up, *services])}\n{env} {' '.join(train)}\n"
             f"{shlex.join(stack.command('down', '--timeout', '10', '--remove-orphans'))}"
             "   # unless --keep-up\n"
