@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -287,3 +288,86 @@ async def test_unreadable_token_file_is_a_startup_error(
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+# --- mTLS ---------------------------------------------------------------------------------
+
+
+def _make_pki(folder: Path) -> dict[str, Path]:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "1", "-subj", "/CN=rlfleet-test-ca")  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        (folder / f"{name}.ext").write_text(ext + "\n")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN=rlfleet-{name}")  # fmt: skip
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "1", "-out", f"{name}.pem", "-extfile", f"{name}.ext")  # fmt: skip
+    return {
+        n: folder / n for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")
+    }
+
+
+async def test_mtls_beyond_loopback_without_a_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client certificates required: the service may bind beyond loopback with no token;
+    plain-text clients and TLS clients without a certificate are refused."""
+    from rlfleet_core.auth import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+
+    pki = _make_pki(tmp_path)
+    srv = await start_service(
+        DEFINITION,
+        config(
+            host="0.0.0.0",
+            tls_cert_file=str(pki["server.pem"]),
+            tls_key_file=str(pki["server.key"]),
+            tls_client_ca_file=str(pki["ca.pem"]),
+        ),
+    )
+    target = f"127.0.0.1:{srv.grpc_port}"
+    try:
+        async with raw_channel(srv.grpc_port) as channel:  # plain text
+            with pytest.raises(aio.AioRpcError) as err:
+                await channel.unary_unary(f"/{SERVICE_NAME}/Echo")(b"x", timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        monkeypatch.setenv(TLS_CA_ENV, str(pki["ca.pem"]))
+        async with connect(target, retry=None) as channel:  # TLS, no client certificate
+            with pytest.raises(aio.AioRpcError) as err:
+                await channel.unary_unary(f"/{SERVICE_NAME}/Echo")(b"x", timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        monkeypatch.setenv(TLS_CERT_ENV, str(pki["client.pem"]))
+        monkeypatch.setenv(TLS_KEY_ENV, str(pki["client.key"]))
+        async with connect(target) as channel:
+            assert await channel.unary_unary(f"/{SERVICE_NAME}/Echo")(b"ok", timeout=5) == b"ok"
+        with_cert = ssl.create_default_context(cafile=str(pki["ca.pem"]))
+        with_cert.load_cert_chain(str(pki["client.pem"]), str(pki["client.key"]))
+        base = f"https://127.0.0.1:{srv.http_port}"
+        async with httpx.AsyncClient(base_url=base, verify=with_cert, timeout=5) as http:
+            assert (await http.get("/hello")).json() == {"hello": "world"}
+        without_cert = ssl.create_default_context(cafile=str(pki["ca.pem"]))
+        async with httpx.AsyncClient(base_url=base, verify=without_cert, timeout=5) as http:
+            with pytest.raises(httpx.HTTPError):
+                await http.get("/hello")
+    finally:
+        srv.stop_event.set()
+        await srv.done
+
+
+def test_tls_settings_go_together() -> None:
+    with pytest.raises(ValueError, match="tls_key_file go together"):
+        ServerConfig(tls_cert_file="a.pem")
+    with pytest.raises(ValueError, match="tls_client_ca_file needs"):
+        ServerConfig(tls_client_ca_file="ca.pem")

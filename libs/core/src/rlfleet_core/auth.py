@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "RLFLEET_AUTH_TOKEN"
 TOKEN_FILE_ENV = "RLFLEET_AUTH_TOKEN_FILE"
+TLS_CA_ENV = "RLFLEET_TLS_CA_FILE"
+"""Clients: trust roots (PEM) for servers that serve TLS; setting it turns TLS on."""
+TLS_CERT_ENV = "RLFLEET_TLS_CERT_FILE"
+TLS_KEY_ENV = "RLFLEET_TLS_KEY_FILE"
+"""Clients: certificate chain and key (PEM) presented to servers that require mTLS."""
 HEADER = "authorization"
 MIN_TOKEN_CHARS = 16
 """Shorter tokens are refused: a shared secret must not be guessable by a patient peer."""
@@ -131,9 +136,10 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def server_token(mode: str, host: str) -> str | None:
+def server_token(mode: str, host: str, mtls: bool = False) -> str | None:
     """The token a server bound to `host` must check, or None to serve openly.
-    Raises StartupError (saying how to fix it) where serving openly is not allowed."""
+    Raises StartupError (saying how to fix it) where serving openly is not allowed;
+    `mtls` (client certificates required) counts as authentication beyond loopback."""
     if mode == "off":
         if not is_loopback(host):
             logger.warning(
@@ -148,7 +154,7 @@ def server_token(mode: str, host: str) -> str | None:
         raise StartupError(str(exc)) from None
     if token is not None:
         return token
-    if mode == "token" or not is_loopback(host):
+    if mode == "token" or not (is_loopback(host) or mtls):
         reason = "server.auth=token" if mode == "token" else f"server.host={host} is not loopback"
         raise StartupError(
             f"{reason} and no auth token is configured: put a shared token in a file "
@@ -158,6 +164,44 @@ def server_token(mode: str, host: str) -> str | None:
             "serve unauthenticated on purpose (docs/security.md)"
         )
     return None
+
+
+def _read(path: str, source: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise AuthError(f"{source}={path}: cannot read ({exc.strerror})") from None
+
+
+def channel_credentials_from_env() -> grpc.ChannelCredentials | None:
+    """TLS credentials for client channels when RLFLEET_TLS_CA_FILE is set (with a client
+    certificate for mTLS when RLFLEET_TLS_CERT_FILE and RLFLEET_TLS_KEY_FILE are), else None."""
+    ca = os.environ.get(TLS_CA_ENV, "").strip()
+    if not ca:
+        return None
+    cert = os.environ.get(TLS_CERT_ENV, "").strip()
+    key = os.environ.get(TLS_KEY_ENV, "").strip()
+    if bool(cert) != bool(key):
+        raise AuthError(f"{TLS_CERT_ENV} and {TLS_KEY_ENV} go together: set both or neither")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca, TLS_CA_ENV),
+        private_key=_read(key, TLS_KEY_ENV) if key else None,
+        certificate_chain=_read(cert, TLS_CERT_ENV) if cert else None,
+    )
+
+
+def server_credentials(
+    cert_file: str, key_file: str, client_ca_file: str | None
+) -> grpc.ServerCredentials:
+    """TLS for a gRPC server; with `client_ca_file`, clients must present a certificate
+    it signed (mTLS)."""
+    return grpc.ssl_server_credentials(
+        [(_read(key_file, "server.tls_key_file"), _read(cert_file, "server.tls_cert_file"))],
+        root_certificates=_read(client_ca_file, "server.tls_client_ca_file")
+        if client_ca_file
+        else None,
+        require_client_auth=client_ca_file is not None,
+    )
 
 
 # --- gRPC ---------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ was not reached or is restarting), since a retried RESOURCE_EXHAUSTED or
 DEADLINE_EXCEEDED would add load exactly when the server is saturated. A streaming call
 is retried only until its first response arrives.
 
-Every call also carries the fleet's auth token (`authorization: Bearer ...` metadata) when
+With RLFLEET_TLS_CA_FILE set, channels use TLS (and present RLFLEET_TLS_CERT_FILE /
+RLFLEET_TLS_KEY_FILE to servers that require mTLS). Every call also carries the fleet's auth token (`authorization: Bearer ...` metadata) when
 RLFLEET_AUTH_TOKEN_FILE or RLFLEET_AUTH_TOKEN is set (`rlfleet_core.auth`), read when the
 channel is made; `auth_token=` overrides it.
 """
@@ -26,7 +27,7 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlfleet_core.auth import HEADER, bearer, token_from_env
+from rlfleet_core.auth import HEADER, bearer, channel_credentials_from_env, token_from_env
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,12 @@ def connect(
     `default_timeout_s` unless it passes its own `timeout=`, and UNAVAILABLE is retried.
     Calls carry `auth_token`, else the token from the environment, if any."""
     token = auth_token or token_from_env()
-    return aio.insecure_channel(
-        target,
-        options=_options(retry, max_message_bytes),
-        interceptors=_aio_interceptors(default_timeout_s, token),
-    )
+    options = _options(retry, max_message_bytes)
+    interceptors = _aio_interceptors(default_timeout_s, token)
+    tls = channel_credentials_from_env()
+    if tls is not None:
+        return aio.secure_channel(target, tls, options=options, interceptors=interceptors)
+    return aio.insecure_channel(target, options=options, interceptors=interceptors)
 
 
 def connect_sync(
@@ -144,7 +146,13 @@ def connect_sync(
 ) -> grpc.Channel:
     """Blocking twin of `connect`, for scripts and the CLI."""
     token = auth_token or token_from_env()
-    channel = grpc.insecure_channel(target, options=_options(retry, max_message_bytes))
+    tls = channel_credentials_from_env()
+    options = _options(retry, max_message_bytes)
+    channel = (
+        grpc.secure_channel(target, tls, options=options)
+        if tls is not None
+        else grpc.insecure_channel(target, options=options)
+    )
     return grpc.intercept_channel(channel, _SyncDefaultDeadline(default_timeout_s, token))
 
 
