@@ -13,6 +13,11 @@
    run for one more step then brings it down. Checks the metrics, the ledger (every
    issued prompt accounted for exactly once) and that nothing of the project is left.
 
+Authentication: the services bind 0.0.0.0 in their containers, so they require the fleet
+token. The `stack` fixture makes one (RLFLEET_AUTH_TOKEN_FILE, mounted as the compose
+secret) and its clients send it; the stage test leaves it to `rlfleet rl --run compose`,
+which makes <run>/auth_token itself.
+
 Images are built first (deploy/docker/build-images.sh; Docker's layer cache makes an
 unchanged rebuild take seconds). Without Docker (and compose v2) the tests skip, or fail
 when RLFLEET_REQUIRE_DOCKER=1. The trainer image is not used: `--run compose` runs the
@@ -34,7 +39,8 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from rlfleet_core.client import check_health
+from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV, auth_headers, write_token_file
+from rlfleet_core.client import check_health, connect_sync
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from support import REPO, RLFLEET, ensure_images, free_port, require_docker
 
@@ -61,6 +67,7 @@ class Stack:
     env: dict[str, str]
     grpc: dict[str, str]  # service -> 127.0.0.1:port
     http: dict[str, str]  # service -> http://127.0.0.1:port
+    token: str = ""
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -97,13 +104,20 @@ def _ports() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     return env, grpc_targets, http_urls
 
 
+def _env_without_token() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     require_docker(compose=True)
     ensure_images(*SERVICES)
     ports, grpc_targets, http_urls = _ports()
     project = f"rlfleet-test-{uuid.uuid4().hex[:8]}"
-    stack = Stack(project, {**os.environ, **ports}, grpc_targets, http_urls)
+    token_file = tmp_path_factory.mktemp("compose") / "token"
+    token = write_token_file(token_file)
+    env = {**_env_without_token(), **ports, TOKEN_FILE_ENV: str(token_file)}
+    stack = Stack(project, env, grpc_targets, http_urls, token)
     try:
         up = stack.compose("up", "-d", "--wait", "--wait-timeout", "240", *SERVICES)
         if up.returncode != 0:
@@ -129,12 +143,29 @@ def test_every_service_is_healthy_and_loopback_only(stack: Stack) -> None:
         assert row["State"] == "running" and row["Health"] == "healthy", row
         published = [p for p in row["Publishers"] if p.get("PublishedPort")]
         assert published and all(p["URL"] == "127.0.0.1" for p in published), row["Publishers"]
-    for service in SERVICES:
+    for service in SERVICES:  # health needs no token
         assert check_health(stack.grpc[service], timeout_s=5.0) == "SERVING", service
 
 
-def _score(target: str, row: Mapping[str, object], code: str) -> reward_pb2.ScoreResult:
-    with grpc.insecure_channel(target) as channel:
+def test_services_refuse_calls_without_the_token(stack: Stack) -> None:
+    request = reward_pb2.ListEnvironmentsRequest()
+    for token in (None, "wrong-" + "w" * 40):
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        with grpc.insecure_channel(stack.grpc["reward"]) as channel:
+            stub = reward_pb2_grpc.RewardServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ListEnvironments(request, timeout=30, metadata=metadata)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert stack.token not in (err.value.details() or "")
+    reply = httpx.post(f"{stack.http['sandbox']}/execute", json={"generated_code": "1"}, timeout=30)
+    assert reply.status_code == 401
+    with connect_sync(stack.grpc["reward"], auth_token=stack.token) as channel:
+        stub = reward_pb2_grpc.RewardServiceStub(channel)
+        assert "code" in {e.name for e in stub.ListEnvironments(request, timeout=30).environments}
+
+
+def _score(target: str, token: str, row: Mapping[str, object], code: str) -> reward_pb2.ScoreResult:
+    with connect_sync(target, auth_token=token, retry=None) as channel:
         stub = reward_pb2_grpc.RewardServiceStub(channel)
         request = reward_pb2.ScoreRequest(
             env="code",
@@ -146,7 +177,9 @@ def _score(target: str, row: Mapping[str, object], code: str) -> reward_pb2.Scor
 
 def _sandbox_runs(stack: Stack) -> float:
     """rlfleet_sandbox_executions_total summed, from the sandbox's own /metrics."""
-    text = httpx.get(f"{stack.http['sandbox']}/metrics", timeout=10).text
+    text = httpx.get(
+        f"{stack.http['sandbox']}/metrics", headers=auth_headers(stack.token), timeout=10
+    ).text
     return sum(
         float(m)
         for m in re.findall(r"^rlfleet_sandbox_executions_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
@@ -162,16 +195,21 @@ CODE_ROW = {
 
 def test_reward_scores_code_in_the_sandbox_container(stack: Stack) -> None:
     runs_before = _sandbox_runs(stack)
-    good = _score(stack.grpc["reward"], CODE_ROW, "def add(a, b):\n    return a + b\n")
+    good = _score(stack.grpc["reward"], stack.token, CODE_ROW, "def add(a, b):\n    return a + b\n")
     assert good.failure_kind == reward_pb2.FAILURE_KIND_NONE, good.failure_reason
     assert good.reward == 1.0, dict(good.info)
-    bad = _score(stack.grpc["reward"], CODE_ROW, "def add(a, b):\n    return a - b\n")
+    bad = _score(stack.grpc["reward"], stack.token, CODE_ROW, "def add(a, b):\n    return a - b\n")
     assert bad.failure_kind == reward_pb2.FAILURE_KIND_NONE, bad.failure_reason
     assert bad.reward == 0.0, dict(bad.info)
     stdin_row = {
         "test_cases": [{"input": "3 4\n", "output": "7\n"}, {"input": "10 -2\n", "output": "8\n"}]
     }
-    io = _score(stack.grpc["reward"], stdin_row, "a, b = map(int, input().split())\nprint(a + b)\n")
+    io = _score(
+        stack.grpc["reward"],
+        stack.token,
+        stdin_row,
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+    )
     assert io.failure_kind == reward_pb2.FAILURE_KIND_NONE and io.reward == 1.0, dict(io.info)
     # The programs ran in the sandbox container, not somewhere else.
     assert _sandbox_runs(stack) >= runs_before + 3
@@ -219,8 +257,9 @@ def _verify_ledger(run_dir: Path) -> dict[str, int]:
     return verify_ledger(Ledger(run_dir / "ledger.jsonl").entries(), ctx.source.issued_ids())
 
 
-def _weight_version(target: str) -> int:
-    with grpc.insecure_channel(target) as channel:
+def _weight_version(target: str, token_file: Path) -> int:
+    token = token_file.read_text().strip()
+    with connect_sync(target, auth_token=token, retry=None) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         return int(stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30).weight_version)
 
@@ -230,7 +269,7 @@ def test_tiny_rlvr_stage_through_run_compose(tmp_path: Path) -> None:
     ensure_images(*STAGE_SERVICES)
     ports, grpc_targets, _ = _ports()
     project = f"rlfleet-stage-{uuid.uuid4().hex[:8]}"
-    stack = Stack(project, {**os.environ, **ports}, grpc_targets, {})
+    stack = Stack(project, {**_env_without_token(), **ports}, grpc_targets, {})
     (tmp_path / "env.toml").write_text(
         f'[compose]\nlauncher = "compose"\ncompose_file = "{COMPOSE_FILE}"\n'
         f'project_name = "{project}"\nwait_timeout_s = 300\n'
@@ -272,7 +311,12 @@ def test_tiny_rlvr_stage_through_run_compose(tmp_path: Path) -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["step"] == 2
         # The rollout container got every published version (StreamWeights from the host).
-        assert _weight_version(grpc_targets["rollout"]) == summary["weight_version"] >= 2
+        # `rlfleet rl --run compose` made the fleet token in the run folder (0600).
+        token_file = run_dir / "auth_token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        assert (
+            _weight_version(grpc_targets["rollout"], token_file) == summary["weight_version"] >= 2
+        )
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [m["step"] for m in metrics] == [1, 2]
         for m in metrics:

@@ -10,7 +10,8 @@
 Images are built first (deploy/docker/build-images.sh, session
 scope, only the missing ones). Without a Docker engine the tests skip, or fail when
 RLFLEET_REQUIRE_DOCKER=1 (CI). Ports are published on 127.0.0.1 only and every client
-talks to 127.0.0.1.
+talks to 127.0.0.1. The images bind 0.0.0.0 in the container, so each gets a fleet token
+(RLFLEET_AUTH_TOKEN) and every client sends it; without one an image refuses to start.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ os.environ["TESTCONTAINERS_HOST_OVERRIDE"] = "127.0.0.1"
 import grpc
 import httpx
 import pytest
-from rlfleet_core.client import check_health
+from rlfleet_core.auth import TOKEN_ENV, auth_headers, generate_token
+from rlfleet_core.client import check_health, connect_sync
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from support import ensure_images, require_docker
 
@@ -42,6 +44,8 @@ GRPC_PORT = 50051
 HTTP_PORT = 8000
 # compose.yaml's sandbox options, and why: docs/containers.md.
 SANDBOX_SECURITY_OPT = ["seccomp=unconfined", "apparmor=unconfined"]
+TOKEN = generate_token()
+"""The fleet token every container of this module gets and every client sends."""
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +54,9 @@ def images() -> dict[str, float]:
     return ensure_images("reward", "sandbox")
 
 
-def _container(image: str, *, unmask_proc: bool = False, **kwargs: Any) -> Any:
+def _container(
+    image: str, *, unmask_proc: bool = False, token: str | None = TOKEN, **kwargs: Any
+) -> Any:
     """A DockerContainer with the gRPC and HTTP ports published on 127.0.0.1 (random
     host ports). `unmask_proc` is `docker run --security-opt systempaths=unconfined`:
     that option is the docker CLI's (and compose's), the engine API has no SecurityOpt
@@ -59,6 +65,8 @@ def _container(image: str, *, unmask_proc: bool = False, **kwargs: Any) -> Any:
     from testcontainers.core.container import DockerContainer
 
     container = DockerContainer(image, **kwargs)
+    if token is not None:
+        container.with_env(TOKEN_ENV, token)
     for port in (GRPC_PORT, HTTP_PORT):
         container.ports[f"{port}/tcp"] = ("127.0.0.1",)  # type: ignore[assignment]
     if unmask_proc:
@@ -136,7 +144,7 @@ def sandbox_http(images: dict[str, float]) -> Iterator[str]:
 
 def _score(target: str, row: dict[str, Any] | str, text: str) -> reward_pb2.ScoreResult:
     row_json = row if isinstance(row, str) else json.dumps(row)
-    with grpc.insecure_channel(target) as channel:
+    with connect_sync(target, auth_token=TOKEN, retry=None) as channel:
         stub = reward_pb2_grpc.RewardServiceStub(channel)
         return stub.Score(
             reward_pb2.ScoreRequest(
@@ -178,8 +186,29 @@ def test_reward_image_refuses_malformed_rows(
     assert (caught.value.details() or "").startswith(field), caught.value.details()
 
 
+def test_an_image_without_a_token_refuses_to_start(images: dict[str, float]) -> None:
+    """The image binds 0.0.0.0: with no token it exits at once, saying how to fix it."""
+    container = _container("rlfleet/sandbox:latest", token=None)
+    with container:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            container.reload()
+            if container.status == "exited":
+                break
+            time.sleep(0.5)
+        stdout, stderr = container.get_logs()
+        logs = (stdout + stderr).decode(errors="replace")
+        assert container.status == "exited", logs
+        assert container.get_wrapped_container().attrs["State"]["ExitCode"] == 1, logs
+        assert "server.host=0.0.0.0 is not loopback" in logs and "RLFLEET_AUTH_TOKEN_FILE" in logs
+        assert "Traceback" not in logs
+
+
 def test_sandbox_image_executes_over_http(sandbox_http: str) -> None:
     with httpx.Client(base_url=sandbox_http, timeout=30) as client:
+        refused = client.post("/execute", json={"generated_code": "print(1)"})
+        assert refused.status_code == 401, refused.text
+        client.headers.update(auth_headers(TOKEN))
         one_shot = client.post(
             "/execute",
             json={
@@ -244,7 +273,7 @@ def test_rollout_image_vllm_generates_the_reference_models_tokens(
     from transformers import AutoModelForCausalLM
 
     target, http = rollout_vllm
-    with grpc.insecure_channel(target) as channel:
+    with connect_sync(target, auth_token=TOKEN, retry=None) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         status = stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30)
         assert status.engine == "vllm", status
@@ -269,7 +298,7 @@ def test_rollout_image_vllm_generates_the_reference_models_tokens(
     assert worst <= 1e-4, f"max |Δlogprob| {worst:.2e}"
 
     # The OpenAI-compatible face of the same engine (what agent harnesses call).
-    with httpx.Client(base_url=http, timeout=60) as client:
+    with httpx.Client(base_url=http, timeout=60, headers=auth_headers(TOKEN)) as client:
         models = client.get("/v1/models").json()
         model = models["data"][0]["id"]
         completion = client.post(

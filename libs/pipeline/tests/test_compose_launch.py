@@ -25,7 +25,8 @@ import json, os, sys
 args = sys.argv[1:]
 log = os.environ["FAKE_DOCKER_LOG"]
 with open(log, "a") as f:
-    env = {{k: os.environ.get(k, "") for k in ("ROLLOUT_ENGINE", "ROLLOUT_MODEL")}}
+    keys = ("ROLLOUT_ENGINE", "ROLLOUT_MODEL", "RLFLEET_AUTH_TOKEN_FILE")
+    env = {{k: os.environ.get(k, "") for k in keys}}
     f.write(json.dumps({{"args": args, "env": env}}) + "\\n")
 fail = os.environ.get("FAKE_DOCKER_FAIL", "")
 if args[:1] == ["info"]:
@@ -146,7 +147,13 @@ def test_up_train_down(docker: Path, tmp_path: Path) -> None:
         "reward",
         "rollout",
     ]
-    assert up["env"] == {"ROLLOUT_ENGINE": "hf", "ROLLOUT_MODEL": "tiny"}
+    token_file = (run_dir / "auth_token").absolute()
+    assert up["env"] == {
+        "ROLLOUT_ENGINE": "hf",
+        "ROLLOUT_MODEL": "tiny",
+        "RLFLEET_AUTH_TOKEN_FILE": str(token_file),  # compose mounts it as the secret
+    }
+    assert token_file.stat().st_mode & 0o777 == 0o600 and len(token_file.read_text()) > 40
     trainer = json.loads((tmp_path / "trainer.json").read_text())
     assert trainer == [
         str(run_dir / "recipe.yaml"),
@@ -225,7 +232,10 @@ def test_host_model_folders_are_refused(tmp_path: Path) -> None:
 def test_dry_run_plan(tmp_path: Path) -> None:
     plan = launch_plan(recipe(), profile(tmp_path), Path("runs/rlvr"), engine="hf")
     up, train, down = plan.splitlines()
-    assert up.startswith("ROLLOUT_ENGINE=hf ROLLOUT_MODEL=tiny docker compose -f ")
+    assert up.startswith("ROLLOUT_ENGINE=hf ROLLOUT_MODEL=tiny RLFLEET_AUTH_TOKEN_FILE=")
+    # The stack and the trainer share the run's token file (docs/security.md).
+    token = f"RLFLEET_AUTH_TOKEN_FILE={Path('runs/rlvr/auth_token').absolute()} "
+    assert token in up and token in train
     assert up.endswith("-p p1 up -d --wait --wait-timeout 60 sandbox reward rollout")
     assert "services.rollout=127.0.0.1:${ROLLOUT_PORT:-50052}" in train
     assert "services.weight_transport=grpc_stream" in train

@@ -3,6 +3,8 @@ and by the exact commands it would run; SLURM itself cannot run here)."""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -100,12 +102,47 @@ def test_sbatch_script_is_valid_bash_with_the_expected_commands(
     # the reward gateway starts only once the sandbox has published its address
     assert script.index('[[ -n "${SANDBOX_TARGET:-}" ]]; do') < script.index("--het-group=2")
     assert (
-        'exec rlfleet-reward --host 0.0.0.0 --port 50051 "sandbox_target=$SANDBOX_TARGET"' in script
+        'exec rlfleet-reward --host 0.0.0.0 --port 50051 "sandbox.target=$SANDBOX_TARGET"' in script
     )
     assert (
         "exec rlfleet-trainer run -c /lustre/r.yaml --run-dir /lustre/runs/rlvr1 "
         '"services.rollout=$ROLLOUT_TARGET" "services.reward=$REWARD_TARGET"'
     ) in script
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_sbatch_script_makes_the_fleet_token(runtime: str, tmp_path: Path) -> None:
+    """The services bind 0.0.0.0, so the job makes a 0600 token first (unless the
+    submitter gave one) and hands it to every service and the trainer through
+    RLFLEET_AUTH_TOKEN_FILE. Runs the script's own set-up lines in bash."""
+    script = render_sbatch(profile(runtime), "rlvr1", ["-c", "/lustre/r.yaml"])
+    start = script.index("set -euo pipefail")
+    setup = script[start : script.index("\n\n", script.index("auth token"))]
+    setup = setup.replace("/lustre/jobs", str(tmp_path))
+    probe = (
+        'echo "file=$RLFLEET_AUTH_TOKEN_FILE"; echo "app=${APPTAINERENV_RLFLEET_AUTH_TOKEN_FILE:-}"'
+    )
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77"}
+    done = subprocess.run(
+        ["bash", "-c", f"{setup}\n{probe}"], env=env, capture_output=True, text=True, check=True
+    )
+    token_file = tmp_path / "77" / "auth_token"
+    assert f"file={token_file}" in done.stdout
+    if runtime == "apptainer":  # --containall cleans the environment but for APPTAINERENV_*
+        assert f"app={token_file}" in done.stdout
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    token = token_file.read_text()
+    assert len(token) == 43 and token.replace("-", "").replace("_", "").isalnum()
+    # A token the submitter set is kept.
+    own = tmp_path / "own"
+    done = subprocess.run(
+        ["bash", "-c", f"{setup}\n{probe}"],
+        env={**env, "RLFLEET_AUTH_TOKEN_FILE": str(own), "SLURM_JOB_ID": "78"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"file={own}" in done.stdout and not (tmp_path / "78" / "auth_token").exists()
 
 
 def test_missing_image_is_named() -> None:

@@ -13,6 +13,7 @@ through these classes, so a renamed file cannot leave one side behind.
       plots/                      report plots
       report.md, report.json      the report
       logs/                       service logs of the fleet
+      auth_token                  the fleet's shared auth token (mode 0600; docs/security.md)
 
     <stage>/                      StageFolder
       recipe.yaml                 the recipe the trainer was started with
@@ -27,6 +28,7 @@ through these classes, so a renamed file cannot leave one side behind.
       checkpoints/step_N/         resumable trainer checkpoints
       hf/                         the exported Hugging Face model (the next stage's input)
       logs/                       service logs of launchers
+      auth_token                  the fleet's auth token, when `rlfleet rl` started the fleet
 """
 
 from __future__ import annotations
@@ -90,6 +92,11 @@ class StageFolder:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    @property
+    def auth_token(self) -> Path:
+        """The shared token of the fleet a launcher started for this run (0600)."""
+        return self.root / "auth_token"
+
     def checkpoints(self, subdir: str = "checkpoints") -> Path:
         """The checkpoint folder (`checkpoint.dir` of the recipe, relative to the stage)."""
         return self.root / subdir
@@ -138,3 +145,8 @@ class PipelineFolder:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def auth_token(self) -> Path:
+        """The shared token of the fleet a launcher started for this run (0600)."""
+        return self.root / "auth_token"

@@ -8,6 +8,11 @@ to every stub made from the channel: only UNAVAILABLE is retried by default (the
 was not reached or is restarting), since a retried RESOURCE_EXHAUSTED or
 DEADLINE_EXCEEDED would add load exactly when the server is saturated. A streaming call
 is retried only until its first response arrives.
+
+With RLFLEET_TLS_CA_FILE set, channels use TLS (and present RLFLEET_TLS_CERT_FILE /
+RLFLEET_TLS_KEY_FILE to servers that require mTLS). Every call also carries the fleet's auth token (`authorization: Bearer ...` metadata) when
+RLFLEET_AUTH_TOKEN_FILE or RLFLEET_AUTH_TOKEN is set (`rlfleet_core.auth`), read when the
+channel is made; `auth_token=` overrides it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from dataclasses import dataclass
 import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rlfleet_core.auth import HEADER, bearer, channel_credentials_from_env, token_from_env
 
 
 @dataclass(frozen=True)
@@ -51,39 +58,53 @@ def service_config(retry: RetryPolicy | None) -> str:
     return json.dumps({"methodConfig": [method]})
 
 
-class _DefaultDeadline(
-    aio.UnaryUnaryClientInterceptor,
-    aio.UnaryStreamClientInterceptor,
-    aio.StreamUnaryClientInterceptor,
-    aio.StreamStreamClientInterceptor,
-):
-    """Gives every call without a timeout the channel's default one."""
+class _DefaultDeadline:
+    """Gives every call without a timeout the channel's default one, and the auth token."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, token: str | None = None) -> None:
         self.timeout_s = timeout_s
+        self.auth = (HEADER, bearer(token)) if token else None
 
     def _details(self, details: aio.ClientCallDetails) -> aio.ClientCallDetails:
-        if details.timeout is not None:
+        if details.timeout is not None and self.auth is None:
             return details
+        metadata = details.metadata
+        if self.auth is not None:
+            metadata = aio.Metadata(*(metadata or ()), self.auth)
         return aio.ClientCallDetails(
             details.method,
-            self.timeout_s,
-            details.metadata,
+            self.timeout_s if details.timeout is None else details.timeout,
+            metadata,
             details.credentials,
             details.wait_for_ready,
         )
 
+
+# One object per call shape: an aio channel files each interceptor under the first of the
+# four interfaces it implements, so one class implementing all four sees unary calls only.
+class _UnaryUnary(_DefaultDeadline, aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
         return await continuation(self._details(details), request)
 
+
+class _UnaryStream(_DefaultDeadline, aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
         return await continuation(self._details(details), request)
 
+
+class _StreamUnary(_DefaultDeadline, aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
         return await continuation(self._details(details), request_iterator)
 
+
+class _StreamStream(_DefaultDeadline, aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
         return await continuation(self._details(details), request_iterator)
+
+
+def _aio_interceptors(timeout_s: float, token: str | None) -> list[aio.ClientInterceptor]:
+    kinds = (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)
+    return [kind(timeout_s, token) for kind in kinds]
 
 
 def _options(retry: RetryPolicy | None, max_message_bytes: int) -> list[tuple[str, object]]:
@@ -101,14 +122,18 @@ def connect(
     default_timeout_s: float = 30.0,
     retry: RetryPolicy | None = RetryPolicy(),
     max_message_bytes: int = 64 << 20,
+    auth_token: str | None = None,
 ) -> aio.Channel:
     """An asyncio channel to `target` ("127.0.0.1:50051"): every call gets
-    `default_timeout_s` unless it passes its own `timeout=`, and UNAVAILABLE is retried."""
-    return aio.insecure_channel(
-        target,
-        options=_options(retry, max_message_bytes),
-        interceptors=[_DefaultDeadline(default_timeout_s)],
-    )
+    `default_timeout_s` unless it passes its own `timeout=`, and UNAVAILABLE is retried.
+    Calls carry `auth_token`, else the token from the environment, if any."""
+    token = auth_token or token_from_env()
+    options = _options(retry, max_message_bytes)
+    interceptors = _aio_interceptors(default_timeout_s, token)
+    tls = channel_credentials_from_env()
+    if tls is not None:
+        return aio.secure_channel(target, tls, options=options, interceptors=interceptors)
+    return aio.insecure_channel(target, options=options, interceptors=interceptors)
 
 
 def connect_sync(
@@ -117,10 +142,18 @@ def connect_sync(
     default_timeout_s: float = 30.0,
     retry: RetryPolicy | None = RetryPolicy(),
     max_message_bytes: int = 64 << 20,
+    auth_token: str | None = None,
 ) -> grpc.Channel:
     """Blocking twin of `connect`, for scripts and the CLI."""
-    channel = grpc.insecure_channel(target, options=_options(retry, max_message_bytes))
-    return grpc.intercept_channel(channel, _SyncDefaultDeadline(default_timeout_s))
+    token = auth_token or token_from_env()
+    tls = channel_credentials_from_env()
+    options = _options(retry, max_message_bytes)
+    channel = (
+        grpc.secure_channel(target, tls, options=options)
+        if tls is not None
+        else grpc.insecure_channel(target, options=options)
+    )
+    return grpc.intercept_channel(channel, _SyncDefaultDeadline(default_timeout_s, token))
 
 
 class _SyncDefaultDeadline(
@@ -131,16 +164,20 @@ class _SyncDefaultDeadline(
 ):
     """Blocking-channel twin of _DefaultDeadline."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, token: str | None = None) -> None:
         self.timeout_s = timeout_s
+        self.auth = (HEADER, bearer(token)) if token else None
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        if details.timeout is not None:
+        if details.timeout is not None and self.auth is None:
             return details
+        metadata = details.metadata
+        if self.auth is not None:
+            metadata = (*(metadata or ()), self.auth)
         return _CallDetails(
             details.method,
-            self.timeout_s,
-            details.metadata,
+            self.timeout_s if details.timeout is None else details.timeout,
+            metadata,
             details.credentials,
             getattr(details, "wait_for_ready", None),
             getattr(details, "compression", None),

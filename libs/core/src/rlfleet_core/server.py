@@ -20,12 +20,13 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import uvicorn
 from fastapi import FastAPI, Response
@@ -34,8 +35,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from rlfleet_core.auth import (
+    AuthError,
+    AuthInterceptor,
+    HTTPAuthMiddleware,
+    server_credentials,
+    server_token,
+)
 from rlfleet_core.config import ConfigError, ConfigModel, load_config
 from rlfleet_core.errors import StartupError
 from rlfleet_core.interceptors import ServerInterceptor
@@ -64,6 +72,26 @@ class ServerConfig(ConfigModel):
     """Cap on any call's deadline, streams included."""
     max_concurrent_rpcs: int | None = Field(None, ge=1)
     """Calls handled at once; more are refused with RESOURCE_EXHAUSTED. None = no cap."""
+    auth: Literal["auto", "token", "off"] = "auto"
+    """Shared-token authentication (token from RLFLEET_AUTH_TOKEN_FILE or RLFLEET_AUTH_TOKEN;
+    `rlfleet_core.auth`, docs/security.md). auto: check it when set; without one, serve
+    openly on loopback and refuse to start on any other address. token: refuse to start
+    without one. off: never check (loud warning beyond loopback). Health stays open."""
+    tls_cert_file: str | None = None
+    """PEM certificate chain: serve gRPC and HTTP over TLS (with `tls_key_file`)."""
+    tls_key_file: str | None = None
+    """PEM private key of `tls_cert_file`."""
+    tls_client_ca_file: str | None = None
+    """PEM CA: require client certificates it signed (mTLS; counts as authentication
+    beyond loopback). Health checks then need a client certificate too."""
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> ServerConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("server.tls_cert_file and server.tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("server.tls_client_ca_file needs server.tls_cert_file/tls_key_file")
+        return self
 
     @field_validator("host")
     @classmethod
@@ -175,9 +203,24 @@ class _UvicornServer(uvicorn.Server):
 async def start_service(definition: ServiceDefinition, config: ServiceConfig) -> RunningServer:
     """Start `definition` with `config` in the running event loop; returns once SERVING."""
     cfg = config.server
+    # Before anything heavy: a refusal is instant.
+    token = server_token(cfg.auth, cfg.host, mtls=cfg.tls_client_ca_file is not None)
+    try:
+        tls = (
+            server_credentials(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
+            if cfg.tls_cert_file and cfg.tls_key_file
+            else None
+        )
+    except AuthError as exc:
+        raise StartupError(str(exc)) from None
     service = definition.factory(config)
+    interceptors: list[aio.ServerInterceptor] = [
+        ServerInterceptor(definition.name, cfg.default_timeout_s, cfg.max_timeout_s)
+    ]
+    if token is not None:
+        interceptors.append(AuthInterceptor(token))
     server = aio.server(
-        interceptors=[ServerInterceptor(definition.name, cfg.default_timeout_s, cfg.max_timeout_s)],
+        interceptors=interceptors,
         options=[
             ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -197,7 +240,10 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
         server,
     )
     try:
-        grpc_port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        address = f"{cfg.host}:{cfg.port}"
+        grpc_port = (
+            server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
+        )
     except RuntimeError as exc:
         raise OSError(
             f"cannot bind gRPC to {cfg.host}:{cfg.port} ({exc}); is the port in use?"
@@ -232,8 +278,19 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
         http_listener = sock
         app = _health_app(definition, health)
         service.http_routes(app)
+        if token is not None:
+            app.add_middleware(HTTPAuthMiddleware, token=token)
         http = _UvicornServer(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                ssl_certfile=cfg.tls_cert_file,
+                ssl_keyfile=cfg.tls_key_file,
+                ssl_ca_certs=cfg.tls_client_ca_file,
+                ssl_cert_reqs=ssl.CERT_REQUIRED if cfg.tls_client_ca_file else ssl.CERT_NONE,
+            )
         )
         http_task = asyncio.create_task(http.serve(sockets=[sock]))
 
@@ -254,6 +311,8 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
             "grpc": f"{cfg.host}:{grpc_port}",
             "http": f"{cfg.host}:{http_port}" if http_port else "off",
             "version": package_version(definition.package),
+            "auth": "token" if token is not None else "off",
+            "tls": "mtls" if cfg.tls_client_ca_file else "on" if tls else "off",
         },
     )
 

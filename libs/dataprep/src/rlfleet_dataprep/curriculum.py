@@ -22,6 +22,7 @@ from typing import Any
 
 from rlfleet_contracts.reward_client import RewardClient, ScoreGroupFailed
 from rlfleet_contracts.rows import DataError, Row, env_of, prompt_messages
+from rlfleet_core.auth import auth_headers
 
 SOLVED = 1.0
 """A sample counts as solved at full reward (graded environments rarely give exactly 1
@@ -136,7 +137,7 @@ class ChatSampler:
             self.base_url + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **auth_headers()},
         )
         try:
             with urllib.request.urlopen(request, timeout=self.options.timeout_s) as reply:

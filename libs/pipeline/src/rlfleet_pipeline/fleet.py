@@ -5,6 +5,12 @@ prep`. Each service runs as its own `python -m rlfleet_<service>` (no CLI in bet
 its own process session (so Ctrl-C in the terminal reaches only the supervisor, which then
 stops the services in order), logs to <run_dir>/logs/<service>.log, and is considered
 up once the standard gRPC health check answers SERVING.
+
+Authentication: unless the caller already set RLFLEET_AUTH_TOKEN_FILE or
+RLFLEET_AUTH_TOKEN, the fleet writes a fresh token to <run_dir>/auth_token (0600) and sets
+RLFLEET_AUTH_TOKEN_FILE in this process while it runs, so the services (which inherit it)
+require it and every rlfleet client started here (the trainer, the curriculum pass,
+in-process clients) sends it. `stop()` restores the variable.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from types import TracebackType
 
 import grpc
 from rlfleet_contracts.run_folder import PipelineFolder
+from rlfleet_core.auth import TOKEN_FILE_ENV, AuthError, token_from_env, write_token_file
 from rlfleet_core.client import check_health
 
 from rlfleet_pipeline.services import service_command
@@ -84,6 +91,31 @@ class LocalFleet:
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.processes: dict[str, ServiceProcess] = {}
+        self.token_file: Path | None = None
+        """The token this fleet generated (None when the caller's token is used)."""
+        self._saved_token_env: tuple[bool, str | None] = (False, None)
+
+    def _set_up_token(self) -> None:
+        try:
+            if token_from_env() is not None:  # the caller's own token: the fleet uses it
+                return
+        except AuthError as exc:
+            raise FleetError(str(exc)) from None
+        path = PipelineFolder(self.run_dir).auth_token
+        write_token_file(path)
+        self.token_file = path.absolute()
+        self._saved_token_env = (True, os.environ.get(TOKEN_FILE_ENV))
+        os.environ[TOKEN_FILE_ENV] = str(self.token_file)
+
+    def _restore_token_env(self) -> None:
+        saved, previous = self._saved_token_env
+        if not saved:
+            return
+        if previous is None:
+            os.environ.pop(TOKEN_FILE_ENV, None)
+        else:
+            os.environ[TOKEN_FILE_ENV] = previous
+        self._saved_token_env = (False, None)
 
     def target(self, service: str) -> str:
         return self.processes[service].target
@@ -147,6 +179,7 @@ class LocalFleet:
         it), then wait for each to serve. Ports are chosen first so that the reward
         gateway is told where the sandbox listens."""
         try:
+            self._set_up_token()
             ports = {name: (free_port(), free_port()) for name in self.services}
             for name in self.services:
                 self.processes[name] = self._spawn(name, *ports[name], self._wiring(name, ports))
@@ -169,6 +202,7 @@ class LocalFleet:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.process.pid, signal.SIGKILL)
                 codes[name] = proc.process.wait()
+        self._restore_token_env()
         return codes
 
     def __enter__(self) -> LocalFleet:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.run_folder import StageFolder
+from rlfleet_core.auth import TOKEN_FILE_ENV
 from rlfleet_core.config import dump_yaml
 from rlfleet_core.models import BUNDLED_MODELS
 
@@ -21,6 +22,8 @@ from rlfleet_pipeline.launch.compose import (
     ROLLOUT_MODEL_VAR,
     ComposeError,
     ComposeStack,
+    ensure_token_file,
+    token_file_for,
 )
 from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile, SlurmProfile
 from rlfleet_pipeline.launch.slurm import render_sbatch
@@ -103,7 +106,11 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
         )
     if isinstance(profile, ComposeProfile):
         stack = compose_stack(profile)
-        env = f"{ROLLOUT_ENGINE_VAR}={engine} {ROLLOUT_MODEL_VAR}={recipe.policy.model}"
+        token = token_file_for(run_dir, os.environ)  # made (0600) by the run if missing
+        env = (
+            f"{ROLLOUT_ENGINE_VAR}={engine} {ROLLOUT_MODEL_VAR}={recipe.policy.model} "
+            f"{TOKEN_FILE_ENV}={token}"
+        )
         up = stack.command("up", "-d", "--wait", "--wait-timeout", str(profile.wait_timeout_s))
         train = trainer_command(
             recipe_file,
@@ -115,7 +122,7 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
             ],
         )
         return (
-            f"{env} {shlex.join([*up, *services])}\n{' '.join(train)}\n"
+            f"{env} {shlex.join([*up, *services])}\n{env} {' '.join(train)}\n"
             f"{shlex.join(stack.command('down', '--timeout', '10', '--remove-orphans'))}"
             "   # unless --keep-up\n"
         )
@@ -200,9 +207,10 @@ def run_compose(
             f"policy.model={recipe.policy.model}: the rollout container can only serve a bundled "
             f"model ({', '.join(BUNDLED_MODELS)}), not a folder of this host; use --run local"
         )
+    token_file = token_file_for(run_dir, os.environ)
+    env = {**os.environ, TOKEN_FILE_ENV: str(token_file)}
     stack = compose_stack(
-        profile,
-        {**os.environ, ROLLOUT_ENGINE_VAR: engine, ROLLOUT_MODEL_VAR: recipe.policy.model},
+        profile, {**env, ROLLOUT_ENGINE_VAR: engine, ROLLOUT_MODEL_VAR: recipe.policy.model}
     )
     stack.check_docker()
     stack.check_images(services)
@@ -214,6 +222,7 @@ def run_compose(
         )
         overrides.append("services.weight_transport=grpc_stream")
     run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_token_file(token_file, env)
     recipe_file = StageFolder(run_dir).recipe_yaml
     recipe_file.write_text(dump_yaml(recipe))
     say(
@@ -232,7 +241,7 @@ def run_compose(
             extra.insert(0, "--resume")
         say(f"services healthy after {time.monotonic() - started:.0f} s; training ({run_dir})")
         started = time.monotonic()
-        code = subprocess.run(trainer_command(recipe_file, run_dir, extra)).returncode
+        code = subprocess.run(trainer_command(recipe_file, run_dir, extra), env=env).returncode
         say(f"trainer exited with {code} after {time.monotonic() - started:.0f} s")
         return code
     finally:
@@ -241,7 +250,10 @@ def run_compose(
         except (ComposeError, OSError) as exc:
             say(f"could not save the containers' logs: {exc}")
         if keep_up:
-            say(f"left running (--keep-up); stop with: {shlex.join(stack.command('down'))}")
+            say(
+                f"left running (--keep-up; its token: {token_file}); "
+                f"stop with: {shlex.join(stack.command('down'))}"
+            )
         else:
             started = time.monotonic()
             stack.down()

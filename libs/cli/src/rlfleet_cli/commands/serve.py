@@ -77,8 +77,8 @@ def up(
     ),
     run_dir: Annotated[Path, typer.Option(help="Where service logs go.")] = Path("runs/up"),
 ) -> None:
-    """Start services locally on free loopback ports, print their addresses, and keep them
-    running until Ctrl-C (then stop them gracefully)."""
+    """Start services locally on free loopback ports, print their addresses and the path
+    of their auth token, and keep them running until Ctrl-C (then stop them gracefully)."""
     import threading
 
     from rlfleet_pipeline.fleet import FleetError, LocalFleet
@@ -100,6 +100,14 @@ def up(
             proc.name, proc.target, f"http://127.0.0.1:{proc.http_port}", str(proc.log_path)
         )
     out.print(table)
+    if fleet.token_file is not None:
+        # Only the path: the token itself stays off terminals and scrollback.
+        out.print(
+            f"auth token: {fleet.token_file} (calls other than health need it; "
+            f"for clients: export RLFLEET_AUTH_TOKEN_FILE={fleet.token_file})"
+        )
+    else:
+        out.print("auth token: yours (RLFLEET_AUTH_TOKEN_FILE / RLFLEET_AUTH_TOKEN)")
     while not stop.wait(0.5):
         dead = [p.name for p in fleet.processes.values() if p.process.poll() is not None]
         if dead:

@@ -15,6 +15,11 @@ ports compose publishes on 127.0.0.1. Weights go to the rollout container over g
 host, and `shared_file` a folder both can see, so the recipe's weight transport is
 replaced by `grpc_stream` here.
 
+Authentication: the services bind 0.0.0.0 in their containers, so they require the fleet
+token, mounted as a compose secret from the file named by RLFLEET_AUTH_TOKEN_FILE. Unless
+the caller set that variable, the token lives in <run>/auth_token (0600), made once and
+reused, so a stack left up with --keep-up still accepts the trainer of a --resume run.
+
 The rollout container serves `policy.model`, which must be a bundled name (`tiny`,
 `smollm2-135m-instruct`: built offline inside the container, identical to the trainer's
 copy); a host folder is not visible in the container.
@@ -29,6 +34,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlfleet_contracts.run_folder import StageFolder
+from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV, write_token_file
+
 ROLLOUT_ENGINE_VAR = "ROLLOUT_ENGINE"
 ROLLOUT_MODEL_VAR = "ROLLOUT_MODEL"
 """compose.yaml passes these to the rollout service as `engine=` and `model=`."""
@@ -38,6 +46,20 @@ GRPC_PORT = 50051
 
 class ComposeError(RuntimeError):
     """A problem with Docker, compose or the images; the message says how to fix it."""
+
+
+def token_file_for(run_dir: Path, env: Mapping[str, str]) -> Path:
+    """The token file the stack of this run mounts: the caller's RLFLEET_AUTH_TOKEN_FILE,
+    else <run_dir>/auth_token (not written here: see `ensure_token_file`)."""
+    given = env.get(TOKEN_FILE_ENV, "").strip()
+    return Path(given).absolute() if given else StageFolder(run_dir).auth_token.absolute()
+
+
+def ensure_token_file(path: Path, env: Mapping[str, str]) -> None:
+    """Make `path` hold a token unless it exists: RLFLEET_AUTH_TOKEN if set, else a fresh
+    one (mode 0600). An existing file is kept, so a running stack's token stays valid."""
+    if not path.exists():
+        write_token_file(path, env.get(TOKEN_ENV, "").strip() or None)
 
 
 def _last_line(text: str) -> str:

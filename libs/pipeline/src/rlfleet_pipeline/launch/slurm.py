@@ -6,6 +6,12 @@ component the first node runs the Ray head and the gRPC service; the other nodes
 Ray workers. Services find each other through `<job_dir>/<jobid>/addresses.env`: each
 component's first node appends `<SERVICE>_TARGET=host:port` once it is SERVING, and the
 trainer starts only when every address is there, so no port is guessed across nodes.
+
+Every service binds 0.0.0.0, so the job makes the fleet's shared auth token first
+(`<job_dir>/<jobid>/auth_token`, mode 0600, 32 random bytes URL-safe like
+`secrets.token_urlsafe(32)`) unless the submitter set RLFLEET_AUTH_TOKEN_FILE or
+RLFLEET_AUTH_TOKEN; services and the trainer read it through RLFLEET_AUTH_TOKEN_FILE
+(job_dir must be on a filesystem every node and container sees, as for addresses.env).
 """
 
 from __future__ import annotations
@@ -148,7 +154,21 @@ def render_sbatch(profile: SlurmProfile, stage: str, trainer_args: list[str]) ->
         f'export ADDRESSES="{logs}/addresses.env"',
         'mkdir -p "$(dirname "$ADDRESSES")" && : > "$ADDRESSES"',
         "",
+        "# the fleet's shared auth token (docs/security.md): every service binds 0.0.0.0",
+        'if [[ -z "${RLFLEET_AUTH_TOKEN_FILE:-}${RLFLEET_AUTH_TOKEN:-}" ]]; then',
+        f'  export RLFLEET_AUTH_TOKEN_FILE="{logs}/auth_token"',
+        "  (umask 077 && head -c 32 /dev/urandom | base64 -w0 | tr '+/' '-_' | tr -d '=' "
+        '> "$RLFLEET_AUTH_TOKEN_FILE")',
+        "fi",
     ]
+    if profile.container_runtime != "pyxis":
+        # apptainer --containall starts from a clean environment but passes APPTAINERENV_*.
+        body += [
+            'export APPTAINERENV_ADDRESSES="$ADDRESSES"',
+            'export APPTAINERENV_RLFLEET_AUTH_TOKEN_FILE="${RLFLEET_AUTH_TOKEN_FILE:-}"',
+            'export APPTAINERENV_RLFLEET_AUTH_TOKEN="${RLFLEET_AUTH_TOKEN:-}"',
+        ]
+    body.append("")
     port = ["--host", "0.0.0.0", "--port", str(profile.grpc_port)]
     indexed = list(enumerate(comps))
     # The reward gateway needs the sandbox's address, so it starts after the others.
@@ -156,7 +176,7 @@ def render_sbatch(profile: SlurmProfile, stage: str, trainer_args: list[str]) ->
         command = [ENTRY[comp.service], *port]
         if comp.service == "reward" and profile.nodes.sandbox:
             body.append(_wait_for(["SANDBOX_TARGET"]))
-            command.append("sandbox_target=$SANDBOX_TARGET")
+            command.append("sandbox.target=$SANDBOX_TARGET")
         body.append(f'{srun_line(profile, i, comp, command)} > "{logs}/{comp.service}.log" 2>&1 &')
     body += [
         "",

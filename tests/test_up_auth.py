@@ -1,0 +1,74 @@
+"""`rlfleet up` works with authentication out of the box: it makes the fleet token,
+prints where it is (never the token), and its services refuse calls without it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV
+from rlfleet_core.client import connect_sync
+from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
+from support import RLFLEET
+
+
+def _read_until(proc: subprocess.Popen[bytes], out: Path, pattern: str, timeout_s: float) -> str:
+    """The output so far, once it matches `pattern` (the process is left running)."""
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen = out.read_text(errors="replace")
+        if re.search(pattern, seen):
+            return seen
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    pytest.fail(f"no {pattern!r} in `rlfleet up` output:\n{seen}", pytrace=False)
+
+
+def test_rlfleet_up_makes_and_requires_a_token(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
+    env["COLUMNS"] = "400"  # one table row per line
+    run_dir = tmp_path / "up"
+    log = tmp_path / "up.out"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [RLFLEET, "up", "--services", "sandbox", "--run-dir", str(run_dir)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        pattern = r"auth token: .*RLFLEET_AUTH_TOKEN_FILE=\S+\)"
+        out = _read_until(proc, log, pattern, timeout_s=180)
+        token_file = run_dir / "auth_token"
+        assert f"RLFLEET_AUTH_TOKEN_FILE={token_file}" in out
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert token not in out
+        target = re.search(r"sandbox\s+│?\s*(127\.0\.0\.1:\d+)", out)
+        assert target, out
+        request = sandbox_pb2.ExecuteRequest(
+            language=sandbox_pb2.LANGUAGE_PYTHON, code="print(6 * 7)"
+        )
+        with grpc.insecure_channel(target.group(1)) as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(request, timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with connect_sync(target.group(1), auth_token=token) as channel:
+            reply = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(request, timeout=60)
+            assert reply.stdout.strip() == "42", reply
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
