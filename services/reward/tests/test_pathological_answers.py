@@ -38,6 +38,7 @@ def _score(
         (r"\boxed{2^{10000000000}}", "answer_too_complex", "power 2^10000000000 has an"),
         (r"\boxed{2^{-10000000000}}", "answer_too_complex", "power 2^-10000000000 has an"),
         (r"\boxed{100000!}", "answer_too_complex", "factorial 100000! is above 10000!"),
+        (r"\boxed{10^{9999}!}", "answer_too_complex", "factorial 10^9999! is above 10000!"),
         (r"\boxed{" + NESTED + "}", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
         (f"so ${NESTED}$", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
         ("(" * 50_000, "answer_too_complex", "brackets nest 2000 deep (limit 8)"),

@@ -25,7 +25,7 @@ _SPACES = re.compile(r"[ \t\r\f\v]+")
 _BLANK_LINES = re.compile(r"\n\s*\n+")
 _OPEN, _CLOSE = "([{", ")]}"
 _POWER_CHAIN = re.compile(r"\d+(?:\^-?\d+)+")
-_FACTORIAL = re.compile(r"(\d+)!")
+_FACTORIAL = re.compile(r"(\d+)(\^-?\d+)*!")
 
 
 def bounded_tail(text: str) -> str:
@@ -68,8 +68,9 @@ def _huge_number(answer: str) -> str | None:
             exponent = base**exponent
         if exponent > MAX_EXPONENT and numbers[0] > 1:
             return f"power {match.group()[:40]} has an exponent above {MAX_EXPONENT}"
-    for match in _FACTORIAL.finditer(flat):
-        if _small_int(match.group(1)) > MAX_EXPONENT:
+    for match in _FACTORIAL.finditer(flat):  # 10^{9999}! is a power, then a factorial
+        value = _tower_value([_small_int(n) for n in match.group()[:-1].split("^")])
+        if value is None or value > MAX_EXPONENT:
             return f"factorial {match.group()[:40]} is above {MAX_EXPONENT}!"
     return None
 
@@ -78,3 +79,13 @@ def _small_int(digits: str) -> int:
     """|int(digits)|, saturated: a 5,000-digit literal must not cost a big-int parse."""
     digits = digits.lstrip("-")
     return int(digits) if len(digits) <= 18 else 10**18
+
+
+def _tower_value(numbers: list[int]) -> int | None:
+    """a^b^c... (right-associative, magnitudes), or None when it passes 10**18."""
+    value = numbers[-1]
+    for base in reversed(numbers[:-1]):
+        if base > 1 and value * base.bit_length() > 60:
+            return None
+        value = base**value
+    return value if value <= 10**18 else None
