@@ -519,6 +519,17 @@ APPROX_ROW = {
     "test": "def check(candidate):\n    assert abs(candidate(3.0) - 1.5) < 1e-9\n",
     "entry_point": "half",
 }
+MAP_ROW = {
+    "test": "def check(candidate):\n"
+    "    for got, want in zip(map(candidate, [1, 2]), [2, 4]):\n        assert got == want\n",
+    "entry_point": "double",
+}
+RAISES_ROW = {
+    "test": "def check(candidate):\n    assert candidate(4) == 2\n"
+    "    try:\n        candidate(-1)\n    except ValueError:\n        return\n"
+    "    raise AssertionError('no ValueError')\n",
+    "entry_point": "root",
+}
 ATEXIT_HACK = (
     "import atexit, os\natexit.register(lambda: os._exit(0))\ndef add(a, b):\n    return 0"
 )
@@ -600,6 +611,34 @@ CODE = [
         info={"verdict": "fail", "error": "AssertionError:  (test line 2)"},
     ),
     Case("approx-correct", APPROX_ROW, fenced("def half(x):\n    return x / 2"), 1.0),
+    Case(
+        "hack-stop-iteration-ends-map",
+        MAP_ROW,
+        fenced("def double(x):\n    raise StopIteration"),
+        0.0,
+        info={"verdict": "fail", "error": "CandidateError: StopIteration:  (test line 2)"},
+    ),
+    Case("map-correct", MAP_ROW, fenced("def double(x):\n    return 2 * x"), 1.0),
+    Case(
+        "expected-exception-passes",
+        RAISES_ROW,
+        fenced("def root(x):\n    if x < 0:\n        raise ValueError(x)\n    return x ** 0.5"),
+        1.0,
+    ),
+    Case(
+        "plain-values-round-trip",
+        {
+            "test": "def check(candidate):\n"
+            "    assert candidate() == (float('inf'), {1, 2}, frozenset(), b'x', 1j, {'a': [None]})\n",
+            "entry_point": "values",
+        },
+        fenced(
+            "import collections\ndef values():\n"
+            "    return (float('inf'), {1, 2}, frozenset(), b'x', 1j,"
+            " collections.OrderedDict(a=[None]))"
+        ),
+        1.0,
+    ),
     Case(
         "humaneval-last-block",
         ADD_ROW,
