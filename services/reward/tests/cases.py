@@ -515,6 +515,30 @@ ADD_TEST = (
     "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
 )
 ADD_ROW = {"prompt": "def add(a, b):\n", "test": ADD_TEST, "entry_point": "add"}
+APPROX_ROW = {
+    "test": "def check(candidate):\n    assert abs(candidate(3.0) - 1.5) < 1e-9\n",
+    "entry_point": "half",
+}
+MAP_ROW = {
+    "test": "def check(candidate):\n"
+    "    for got, want in zip(map(candidate, [1, 2]), [2, 4]):\n        assert got == want\n",
+    "entry_point": "double",
+}
+RAISES_ROW = {
+    "test": "def check(candidate):\n    assert candidate(4) == 2\n"
+    "    try:\n        candidate(-1)\n    except ValueError:\n        return\n"
+    "    raise AssertionError('no ValueError')\n",
+    "entry_point": "root",
+}
+ATEXIT_HACK = (
+    "import atexit, os\natexit.register(lambda: os._exit(0))\ndef add(a, b):\n    return 0"
+)
+ALWAYS_EQUAL_HACK = (
+    "class Same(int):\n"
+    "    def __eq__(self, other):\n        return True\n"
+    "    def __repr__(self):\n        return object.__repr__(self)\n"
+    "def add(a, b):\n    return Same(0)"
+)
 ECHO_CASES = [{"input": "3\n", "output": "6\n"}, {"input": "10\n", "output": "20"}]
 
 
@@ -528,14 +552,14 @@ CODE = [
         ADD_ROW,
         fenced("def add(a, b):\n    return a + b"),
         1.0,
-        info={"status": "ok"},
+        info={"status": "ok", "verdict": "pass"},
     ),
     Case(
         "humaneval-wrong",
         ADD_ROW,
         fenced("def add(a, b):\n    return a - b"),
         0.0,
-        info={"status": "error"},
+        info={"status": "ok", "verdict": "fail", "error": "AssertionError:  (test line 2)"},
     ),
     Case("humaneval-completion-style", ADD_ROW, fenced("    return a + b"), 1.0),
     Case("humaneval-bare-code", ADD_ROW, "def add(a, b):\n    return b + a\n", 1.0),
@@ -548,10 +572,71 @@ CODE = [
         0.0,
         info={"status": "timeout"},
     ),
+    # Reward hacks (issue 12): a wrong `add` plus a trick that made the old one-process
+    # program exit 0 or pass its asserts. The full table runs against the real sandbox in
+    # tests/test_reward_sandbox.py; these are the ones safe to run without isolation.
     Case(
-        "humaneval-exit-0-early",
+        "hack-sys-exit-0-before-tests",
         ADD_ROW,
         fenced("import sys\ndef add(a, b):\n    return 0\nsys.exit(0)"),
+        0.0,
+        info={"verdict": "fail", "error": "solution did not load: SystemExit: 0"},
+    ),
+    Case(
+        "hack-atexit-os-exit-0",
+        ADD_ROW,
+        fenced(ATEXIT_HACK),
+        0.0,
+        info={"verdict": "fail", "error": "AssertionError:  (test line 2)"},
+    ),
+    Case(
+        "hack-always-equal-result",
+        ADD_ROW,
+        fenced(ALWAYS_EQUAL_HACK),
+        0.0,
+        info={"verdict": "fail"},
+    ),
+    Case(
+        "hack-system-exit-during-call",
+        ADD_ROW,
+        fenced("def add(a, b):\n    raise SystemExit(0)"),
+        0.0,
+        info={"verdict": "fail"},
+    ),
+    Case(
+        "hack-patched-abs",
+        APPROX_ROW,
+        fenced("import builtins\nbuiltins.abs = lambda x: 0\ndef half(x):\n    return 7.0"),
+        0.0,
+        info={"verdict": "fail", "error": "AssertionError:  (test line 2)"},
+    ),
+    Case("approx-correct", APPROX_ROW, fenced("def half(x):\n    return x / 2"), 1.0),
+    Case(
+        "hack-stop-iteration-ends-map",
+        MAP_ROW,
+        fenced("def double(x):\n    raise StopIteration"),
+        0.0,
+        info={"verdict": "fail", "error": "CandidateError: StopIteration:  (test line 2)"},
+    ),
+    Case("map-correct", MAP_ROW, fenced("def double(x):\n    return 2 * x"), 1.0),
+    Case(
+        "expected-exception-passes",
+        RAISES_ROW,
+        fenced("def root(x):\n    if x < 0:\n        raise ValueError(x)\n    return x ** 0.5"),
+        1.0,
+    ),
+    Case(
+        "plain-values-round-trip",
+        {
+            "test": "def check(candidate):\n"
+            "    assert candidate() == (float('inf'), {1, 2}, frozenset(), b'x', 1j, {'a': [None]})\n",
+            "entry_point": "values",
+        },
+        fenced(
+            "import collections\ndef values():\n"
+            "    return (float('inf'), {1, 2}, frozenset(), b'x', 1j,"
+            " collections.OrderedDict(a=[None]))"
+        ),
         1.0,
     ),
     Case(

@@ -132,17 +132,19 @@ async def test_1000_concurrent_http_with_10_percent_malformed(reward_server: Rew
     assert httpx.get(f"{reward_server.http_url}/healthz", timeout=5).status_code == 200
 
 
-def test_pathological_math_times_out_within_deadline(
+def test_pathological_math_is_answered_within_deadline(
     stub: reward_pb2_grpc.RewardServiceStub,
 ) -> None:
+    """A power tower used to hang sympy until the worker was killed (TIMEOUT); the math env
+    now refuses it before parsing (environments/answer_limits.py). A verifier stuck in C
+    code is still killed: test_hung_verifier_is_killed_and_pool_recovers."""
     start = time.perf_counter()
     result = stub.Score(
         score_request("math", {"expected_answer": "5"}, r"\boxed{9^{9^{9^{9}}}}"), timeout=3.0
     )
     elapsed = time.perf_counter() - start
-    assert FailureKind(result.failure_kind) is FailureKind.TIMEOUT, result
-    assert result.reward == 0.0 and result.mask_sample and not result.reward_components
-    assert "math verifier" in result.failure_reason
+    assert FailureKind(result.failure_kind) is FailureKind.NONE, result
+    assert result.reward == 0.0 and result.info["verdict"] == "answer_too_complex"
     assert elapsed < 3.0
     ok = stub.Score(score_request("math", {"expected_answer": "5"}, r"\boxed{5}"), timeout=10)
     assert ok.reward == 1.0

@@ -2,8 +2,14 @@
 
 Row fields (HumanEval rows load as they ship):
 - `test` (or `tests`) + `entry_point`: HumanEval-style test code defining
-  `check(candidate)`; the program is the response's code, the tests and
-  `check(<entry_point>)`. Passing = exit 0.
+  `check(candidate)`. The sandbox runs the trusted harness of `code_harness.py`: the
+  response's code in one process, the tests in another that calls the entry point over a
+  pipe with plain values (see that module for why). Passing = the harness's verdict line
+  carries this call's secret nonce and says "pass"; the exit code counts for nothing, so
+  exit tricks (`sys.exit(0)`, an atexit `os._exit(0)`), always-equal objects and patched
+  builtins score 0. Arguments and results must be plain data (numbers, strings, bytes,
+  None, and lists/tuples/sets/dicts of them); tests that check in-place mutation of an
+  argument or pass functions are not supported (info `error` says so).
 - `test_cases` (instead of `test`): a list of `{"input": stdin, "output": expected stdout}`;
   outputs are compared after trimming trailing whitespace on every line.
 - `prompt` (optional): the function header of a completion-style task; prepended when the
@@ -21,9 +27,12 @@ status in `info`; a sandbox that cannot run it gives a SANDBOX_ERROR failure ins
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import Environment, RunContext, optional_bool, optional_number
@@ -32,6 +41,7 @@ from rlfleet_reward.text import extract_code
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure, scored
 
 _MAX_PARALLEL_CASES = 4
+_HARNESS = (Path(__file__).parent / "code_harness.py").read_text()
 
 
 @dataclass(frozen=True)
@@ -66,11 +76,25 @@ def outputs_match(expected: str, got: str) -> bool:
     return norm(expected) == norm(got)
 
 
-def build_program(spec: CodeSpec, code: str) -> str:
+def build_solution(spec: CodeSpec, code: str) -> str:
+    """The response's code, after the prompt's header when it does not define the entry
+    point itself (completion-style answers)."""
     defines_entry = re.search(rf"^\s*def\s+{re.escape(spec.entry_point)}\s*\(", code, re.MULTILINE)
-    if spec.prompt and not defines_entry:
-        code = spec.prompt + code
-    return f"{code}\n\n{spec.test}\n\ncheck({spec.entry_point})\n"
+    return spec.prompt + code if spec.prompt and not defines_entry else code
+
+
+def build_harness_run(spec: CodeSpec, code: str) -> tuple[str, str, str]:
+    """(program, stdin, nonce) of one harness run: the program holds the solution, stdin
+    the tests and the nonce, which the solution's process never sees."""
+    nonce = secrets.token_hex(16)
+    program = f"{_HARNESS}\nmain({build_solution(spec, code)!r}, {spec.entry_point!r})\n"
+    task = {
+        "nonce": nonce,
+        "prompt": spec.prompt,
+        "test": spec.test,
+        "entry_point": spec.entry_point,
+    }
+    return program, json.dumps(task), nonce
 
 
 class CodeEnvironment(Environment):
@@ -116,8 +140,9 @@ class CodeEnvironment(Environment):
         timeout_s = min(spec.timeout_s, max(0.1, ctx.timeout_s - 1.0))
         try:
             if spec.test:
-                outcome = await sandbox.execute(build_program(spec, code), timeout_s=timeout_s)
-                return _score_unit_tests(outcome)
+                program, stdin, nonce = build_harness_run(spec, code)
+                outcome = await sandbox.execute(program, stdin=stdin, timeout_s=timeout_s)
+                return _score_unit_tests(outcome, nonce)
             return await _score_cases(spec, code, sandbox, timeout_s)
         except SandboxUnavailable as exc:
             return failure(FailureKind.SANDBOX_ERROR, str(exc))
@@ -128,11 +153,28 @@ def _check_sandbox(outcome: ExecOutcome) -> None:
         raise SandboxUnavailable(f"sandbox could not run the program: {outcome.stderr[-300:]}")
 
 
-def _score_unit_tests(outcome: ExecOutcome) -> Score:
+def read_verdict(stdout: str, nonce: str) -> tuple[str, str]:
+    """(verdict, error) from the harness's last stdout line; "no_verdict" when there is
+    no line carrying `nonce` (the harness was killed, or something else wrote)."""
+    lines = stdout.rstrip("\n").rsplit("\n", 1)
+    try:
+        record = json.loads(lines[-1])
+    except ValueError:
+        return "no_verdict", ""
+    if not isinstance(record, dict) or record.get("nonce") != nonce:
+        return "no_verdict", ""
+    verdict = record.get("verdict")
+    return ("pass", "") if verdict == "pass" else ("fail", str(record.get("error", ""))[:300])
+
+
+def _score_unit_tests(outcome: ExecOutcome, nonce: str) -> Score:
     _check_sandbox(outcome)
-    passed = outcome.status is ExecStatus.OK and outcome.exit_code == 0
+    verdict, error = read_verdict(outcome.stdout, nonce)
+    passed = verdict == "pass" and outcome.status is ExecStatus.OK and outcome.exit_code == 0
     return scored(
         {"tests_passed": 1.0 if passed else 0.0},
+        verdict=verdict,
+        error=error,
         status=outcome.status.value,
         exit_code=outcome.exit_code,
         stderr_tail=outcome.stderr[-300:],

@@ -10,8 +10,12 @@ final-answer extraction, else the last "Final answer: ..." / "The answer is ..."
 Equivalent forms score 1 (0.5 = \frac{1}{2}, {1,2} = {2,1}, 5\text{ cm} = 5).
 
 math-verify's built-in timeouts are switched off on purpose: on expiry they return
-False, which is exactly the silent 0 this gateway exists to avoid. The worker's own
-timeout turns a hang (e.g. 9^{9^{9^9}}) into an explicit TIMEOUT failure instead.
+False, which is exactly the silent 0 this gateway exists to avoid. Instead, answers that
+would make it hang are refused before parsing (answer_limits.py): a final answer over 400
+characters (`verdict` answer_too_long), brackets nested over 8 deep, a power tower or
+exponent above 10,000, a factorial above 10,000! (answer_too_complex); `info.reason` says
+which. Whole-text extraction reads only the last 2,000 characters, whitespace runs
+collapsed. The worker's own timeout still turns any other hang into a TIMEOUT failure.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rlfleet_reward.environments.answer_limits import (
+    MAX_ANSWER_CHARS,
+    TAIL_CHARS,
+    answer_problem,
+    bounded_tail,
+)
 from rlfleet_reward.environments.base import Environment, require_str
 from rlfleet_reward.text import final_answer_line, find_boxed
 from rlfleet_reward.types import Sample, Score, binary
@@ -46,28 +56,42 @@ def _parse_gold(expected: str) -> Any:
     return parse(_as_latex(expected), parsing_timeout=None)
 
 
+class AnswerRefused(Exception):
+    """An answer too costly to parse (answer_limits); args: verdict, reason."""
+
+
+def _checked(answer: str, *, max_chars: int = MAX_ANSWER_CHARS) -> str:
+    problem = answer_problem(answer, max_chars=max_chars)
+    if problem is not None:
+        raise AnswerRefused(*problem)
+    return answer
+
+
 def _parse_answer(text: str) -> tuple[Any, str]:
-    """(parsed answer, the string it came from); an empty list when nothing parses."""
+    """(parsed answer, the string it came from); an empty list when nothing parses.
+    Raises AnswerRefused before handing math-verify anything pathological."""
     from math_verify import parse
 
     boxed = find_boxed(text)
     if boxed:
-        parsed = parse(f"${boxed[-1]}$", parsing_timeout=None)
+        parsed = parse(f"${_checked(boxed[-1])}$", parsing_timeout=None)
         if parsed:
             return parsed, boxed[-1]
-    parsed = parse(text, parsing_timeout=None)
+    tail = _checked(bounded_tail(text), max_chars=TAIL_CHARS)
+    parsed = parse(tail, parsing_timeout=None)
     if parsed:
         return parsed, str(parsed[-1])
-    line = final_answer_line(text)
+    line = final_answer_line(tail)
     if line:
-        parsed = parse(_as_latex(line), parsing_timeout=None)
+        parsed = parse(_as_latex(_checked(line)), parsing_timeout=None)
         if parsed:
             return parsed, line
     return [], ""
 
 
 def is_equivalent(expected: str, response_text: str) -> tuple[bool, str]:
-    """(equivalent?, extracted answer). Raises only on verifier bugs, never on bad text."""
+    """(equivalent?, extracted answer). Raises only on verifier bugs, never on bad text
+    (AnswerRefused for a pathological answer)."""
     from math_verify import verify
 
     gold = _parse_gold(expected)
@@ -97,6 +121,10 @@ class MathEnvironment(Environment):
 
     def score(self, spec: MathSpec, sample: Sample) -> Score:
         logging.getLogger("math_verify").setLevel(logging.ERROR)
-        ok, extracted = is_equivalent(spec.expected_answer, sample.text)
+        try:
+            ok, extracted = is_equivalent(spec.expected_answer, sample.text)
+        except AnswerRefused as exc:
+            verdict, reason = exc.args
+            return binary("correctness", False, verdict=verdict, reason=reason)
         verdict = "correct" if ok else ("wrong" if extracted else "no_answer")
         return binary("correctness", ok, extracted_answer=extracted, verdict=verdict)
