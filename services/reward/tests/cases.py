@@ -497,6 +497,15 @@ REASONING_GYM = [
         "1",
         invalid_field="row.answer",
     ),
+    *(
+        Case(
+            f"answer-{kind}",
+            {"answer": value, "metadata": {"source_dataset": "leg_counting"}},
+            "1",
+            invalid_field="row.answer",
+        )
+        for kind, value in (("null", None), ("list", [1]), ("object", {"a": 1}), ("bool", True))
+    ),
     Case(
         "metadata-not-object",
         {"answer": "1", "metadata": "leg_counting"},

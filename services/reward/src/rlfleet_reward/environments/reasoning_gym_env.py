@@ -86,9 +86,12 @@ class ReasoningGymEnvironment(Environment):
             )
         answer = row["answer"]
         if isinstance(answer, int | float) and not isinstance(answer, bool):
-            answer = str(
-                answer
-            )  # scorers compare strings; a JSON number in the row is the same answer
+            answer = str(answer)  # scorers compare strings; a JSON number is the same answer
+        if not isinstance(answer, str):
+            # Refused here, not left to fail inside the scorer as a verifier error.
+            raise RowError(
+                f"{prefix}answer", f"expected a string or number, got {type(answer).__name__}"
+            )
         entry = {"question": row.get("question", ""), "answer": answer, "metadata": metadata}
         return ReasoningGymSpec(task=task, entry=entry)
 
