@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from rlfleet_core.errors import FailedPrecondition
+import grpc
+from rlfleet_core.errors import FailedPrecondition, ServiceError
 
 from rlfleet_rollout.types import WeightUpdate
+
+
+class UpdateAborted(ServiceError):
+    """An update that failed midway and was rolled back (or never applied): the engine
+    still serves the version it had. ABORTED, not UNAVAILABLE: clients retry UNAVAILABLE
+    by themselves, and a replayed update would find the group gone."""
+
+    code = grpc.StatusCode.ABORTED
 
 
 def check_newer(new: int, current: int) -> None:
