@@ -214,3 +214,65 @@ async def test_update_killed_mid_transfer_keeps_the_previous_weights() -> None:
         result = await _greedy(stub)
         assert result.weight_version_first == result.weight_version_last == 2
         assert _worst(list(result.logprobs), reference.logprobs(nxt, list(result.token_ids))) < 1e-4
+
+
+@pytest.mark.asyncio
+async def test_vllm_load_failing_midway_refuses_to_serve_until_a_full_update() -> None:
+    """vLLM cannot undo a load that failed after some tensors landed: it must refuse to
+    generate (it used to resume, serving a mix of two versions under the old number)."""
+    pytest.importorskip("vllm")
+    model_path = resolve_model("tiny")
+    reference = Reference(model_path)
+    new = _weights(model_path, seed=5)
+    overrides = [
+        "engine=vllm",
+        "model=tiny",
+        "engine_config.max_model_len=512",
+        "engine_config.kv_cache_bytes=134217728",
+    ]
+    async with (
+        running_service(SERVICE, overrides) as running,
+        connect(f"127.0.0.1:{running.grpc_port}", default_timeout_s=120) as channel,
+    ):
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+
+        async def stream(version: int, weights: dict[str, torch.Tensor]) -> Any:
+            chunks = list(
+                iter_weight_chunks(
+                    rollout_pb2.UpdateWeightsRequest(weight_version=version), weights
+                )
+            )
+
+            async def source() -> Any:
+                for chunk in chunks:
+                    yield chunk
+
+            return await stub.StreamWeights(source(), timeout=120)
+
+        # Every real tensor first, then the last one with a shape the model does not
+        # have: the load fails after the others landed.
+        broken = dict(new)
+        last = list(broken)[-1]
+        broken[last] = torch.zeros(3)
+        with pytest.raises(aio.AioRpcError) as info:
+            await stream(1, broken)
+        assert info.value.code() == grpc.StatusCode.ABORTED, info.value.details()
+        status = await stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30)
+        assert status.weight_version == 0
+        with pytest.raises(aio.AioRpcError) as refused:
+            await _greedy(stub)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+
+        # A later update either lands whole (then served, logprobs matching it) or fails
+        # too (vLLM's in-place reload may not recover; then generation stays refused).
+        try:
+            assert (await stream(1, new)).weight_version == 1
+        except aio.AioRpcError as again:
+            assert again.code() == grpc.StatusCode.ABORTED, again.details()
+            with pytest.raises(aio.AioRpcError) as refused:
+                await _greedy(stub)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            return
+        result = await _greedy(stub)
+        assert result.weight_version_first == result.weight_version_last == 1
+        assert _worst(list(result.logprobs), reference.logprobs(new, list(result.token_ids))) < 1e-4

@@ -71,6 +71,7 @@ class HfWeights:
             await check_or_drain(
                 update,
                 self._version,
+                self.config.max_weight_version_jump,
                 lambda: asyncio.to_thread(self._drain, update.plan),
                 lambda: self._check_names(self._slots(update)),
             )
