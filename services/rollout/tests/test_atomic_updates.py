@@ -256,12 +256,12 @@ async def test_vllm_load_failing_midway_refuses_to_serve_until_a_full_update() -
         broken[last] = torch.zeros(3)
         with pytest.raises(aio.AioRpcError) as info:
             await stream(1, broken)
-        assert info.value.code() == grpc.StatusCode.ABORTED, info.value.details()
         status = await stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30)
         assert status.weight_version == 0
         with pytest.raises(aio.AioRpcError) as refused:
             await _greedy(stub)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+        assert info.value.code() == grpc.StatusCode.ABORTED, info.value.details()
 
         # A later update either lands whole (then served, logprobs matching it) or fails
         # too (vLLM's in-place reload may not recover; then generation stays refused).
