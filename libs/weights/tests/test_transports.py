@@ -32,7 +32,11 @@ from rlfleet_weights.factory import (  # noqa: E402
     update_receiver,
 )
 from rlfleet_weights.filesystem import FilesystemSender, read_weights_file  # noqa: E402
-from rlfleet_weights.grpc_stream import GrpcStreamSender, iter_weight_chunks  # noqa: E402
+from rlfleet_weights.grpc_stream import (  # noqa: E402
+    DRAIN_SLACK_BYTES,
+    GrpcStreamSender,
+    iter_weight_chunks,
+)
 from rlfleet_weights.plan import dtype_name, proto_dtype, specs_of, tensor_spec  # noqa: E402
 
 
@@ -196,6 +200,40 @@ def test_stream_receiver_refuses_partial_or_misordered_streams() -> None:
 
     with pytest.raises(RuntimeError, match="stale"):  # checked before any tensor is read
         _stream([chunks[0], rollout_pb2.WeightChunk()], refuse)
+
+
+def test_a_refused_stream_is_read_to_its_end_within_a_bound() -> None:
+    """The sender must be done writing when the refusal goes out (else grpc's client may
+    report INTERNAL instead): the receiver reads on, up to the declared bytes + slack."""
+    header = rollout_pb2.UpdateWeightsRequest(weight_version=3)
+    chunks = list(iter_weight_chunks(header, dict(_tensors()), chunk_bytes=8))
+    read: list[rollout_pb2.WeightChunk] = []
+
+    async def recorded(messages: list[rollout_pb2.WeightChunk]) -> Any:
+        for message in messages:
+            read.append(message)
+            yield message
+
+    def refuse(_: Any) -> None:
+        raise RuntimeError("stale")
+
+    with pytest.raises(RuntimeError, match="stale"):
+        asyncio.run(stream_receiver().receive_stream(recorded(chunks), refuse))
+    assert len(read) == len(chunks)
+
+    # A refused sender that never stops is read only up to its header's bytes + slack.
+    junk = rollout_pb2.WeightChunk(tensor=rollout_pb2.TensorChunk(name="w", data=bytes(1 << 20)))
+
+    async def endless() -> Any:
+        yield chunks[0]
+        while True:
+            read.append(junk)
+            yield junk
+
+    read.clear()
+    with pytest.raises(RuntimeError, match="stale"):
+        asyncio.run(stream_receiver().receive_stream(endless(), refuse))
+    assert len(read) == (DRAIN_SLACK_BYTES >> 20) + 1  # stops at the first chunk over it
 
 
 def test_collective_receiver_receives_the_plan_of_the_request_into_targets() -> None:

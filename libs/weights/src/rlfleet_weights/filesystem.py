@@ -87,8 +87,23 @@ class FilesystemSender(WeightSender):
         return reply
 
 
+def check_weights_path(path: str, roots: Iterable[str], setting: str) -> None:
+    """WeightRequestError("file_path") unless `path`, symlinks resolved, lies in one of
+    `roots`: an update must not make the rollout read any file of its host. `setting`
+    names the configuration that lists the roots, for the message."""
+    allowed = [Path(r).resolve() for r in roots]
+    resolved = Path(path).resolve()
+    if not any(resolved.is_relative_to(root) for root in allowed):
+        raise WeightRequestError(
+            "file_path",
+            f"{path} is outside the folders weight files may come from "
+            f"({setting}={[str(r) for r in allowed]})",
+        )
+
+
 class FilesystemReceiver(WeightReceiver):
-    """UpdateWeights(SHARED_FILE): the tensors of the file at `file_path`."""
+    """UpdateWeights(SHARED_FILE): the tensors of the file at `file_path` (the caller
+    checks the path first, with `check_weights_path`)."""
 
     def receive(self, request: rollout_pb2.UpdateWeightsRequest) -> IncomingWeights:
         try:

@@ -134,37 +134,94 @@ class GrpcStreamSender(WeightSender):
         return reply
 
 
+DRAIN_SLACK_BYTES = 16 << 20
+"""Bytes a refused stream may carry beyond what its header declared (all of it when no
+header was read) and still be read to its end before the refusal is sent."""
+
+
 class GrpcStreamReceiver(WeightReceiver):
     """StreamWeights: the header first (checked before any tensor is read), then the
-    chunks through a `WeightAssembler`; nothing is returned unless every tensor arrived."""
+    chunks through a `WeightAssembler`; nothing is returned unless every tensor arrived.
+
+    A refused stream (stale header, bad chunk) is read to its end before the error is
+    raised. grpc's asyncio client turns a write that fails because the server already
+    answered into INTERNAL "Internal error from Core", and that races with the real status
+    (a stale replay saw it about 1 time in 100 here): the sender must be done writing when
+    the refusal is sent. The chunks read after a refusal are dropped, never assembled, up
+    to the header's declared bytes plus `DRAIN_SLACK_BYTES`; the call's deadline bounds
+    the time."""
 
     async def receive_stream(
         self,
         messages: AsyncIterator[rollout_pb2.WeightChunk],
         check_header: Callable[[rollout_pb2.UpdateWeightsRequest], None],
     ) -> tuple[rollout_pb2.UpdateWeightsRequest, IncomingWeights]:
-        header: rollout_pb2.UpdateWeightsRequest | None = None
-        assembler: WeightAssembler | None = None
-        async for message in messages:
-            if message.HasField("header"):
-                if header is not None:
-                    raise WeightRequestError("header", "only the first message may be a header")
-                header = message.header
-                check_header(header)
-                try:
-                    assembler = WeightAssembler(header.tensors)
-                except ValueError as exc:
-                    raise WeightRequestError("header.tensors", str(exc)) from None
-            elif assembler is None:
-                raise WeightRequestError("header", "the first message must be the header")
-            else:
-                try:
-                    assembler.add(message.tensor)
-                except ValueError as exc:
-                    raise WeightRequestError("tensor", str(exc)) from None
-        if header is None or assembler is None:
-            raise WeightRequestError("header", "stream ended before a header arrived")
+        state = _StreamState()
         try:
-            return header, IncomingWeights(tensors=assembler.result())
+            async for message in messages:
+                state.add(message, check_header)
+        except Exception:
+            await _drain(messages, state.remaining_bytes())
+            raise
+        return state.result()
+
+
+class _StreamState:
+    """One StreamWeights call's progress: its header, then the assembler of its chunks."""
+
+    def __init__(self) -> None:
+        self.header: rollout_pb2.UpdateWeightsRequest | None = None
+        self.assembler: WeightAssembler | None = None
+        self.bytes_seen = 0
+
+    def add(
+        self,
+        message: rollout_pb2.WeightChunk,
+        check_header: Callable[[rollout_pb2.UpdateWeightsRequest], None],
+    ) -> None:
+        if message.HasField("header"):
+            if self.header is not None:
+                raise WeightRequestError("header", "only the first message may be a header")
+            self.header = message.header
+            check_header(self.header)
+            try:
+                self.assembler = WeightAssembler(self.header.tensors)
+            except ValueError as exc:
+                raise WeightRequestError("header.tensors", str(exc)) from None
+            return
+        self.bytes_seen += len(message.tensor.data)
+        if self.assembler is None:
+            raise WeightRequestError("header", "the first message must be the header")
+        try:
+            self.assembler.add(message.tensor)
         except ValueError as exc:
             raise WeightRequestError("tensor", str(exc)) from None
+
+    def remaining_bytes(self) -> int:
+        """How much more a well-behaved sender may still send, plus the slack."""
+        declared = 0
+        if self.header is not None:
+            try:
+                declared = sum(
+                    max(tensor_nbytes(tuple(s.shape), dtype_name(s.dtype)), 0)
+                    for s in self.header.tensors
+                )
+            except ValueError:
+                declared = 0
+        return max(declared - self.bytes_seen, 0) + DRAIN_SLACK_BYTES
+
+    def result(self) -> tuple[rollout_pb2.UpdateWeightsRequest, IncomingWeights]:
+        if self.header is None or self.assembler is None:
+            raise WeightRequestError("header", "stream ended before a header arrived")
+        try:
+            return self.header, IncomingWeights(tensors=self.assembler.result())
+        except ValueError as exc:
+            raise WeightRequestError("tensor", str(exc)) from None
+
+
+async def _drain(messages: AsyncIterator[rollout_pb2.WeightChunk], limit_bytes: int) -> None:
+    """Read and drop the rest of a refused stream, up to `limit_bytes` of chunk data."""
+    async for message in messages:
+        limit_bytes -= len(message.tensor.data)
+        if limit_bytes < 0:
+            return

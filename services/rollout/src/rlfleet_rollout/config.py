@@ -59,6 +59,17 @@ class RolloutServiceConfig(ServiceConfig):
     it the service fails to start with a message naming the replicas still loading."""
     ray_call_timeout_s: float = Field(60.0, gt=0)
     """Deadline for short replica calls (status, pause, resume, abort, stop)."""
+    max_weight_version_jump: int = Field(1_000_000, ge=1)
+    """Largest step an update may take over the current weight version; a version further
+    ahead is refused (INVALID_ARGUMENT), so that no client can push 2^63 - 1 and make
+    every later publish of the trainer stale. Restart the service to start over at 0."""
+    weight_file_roots: tuple[str, ...] = ()
+    """Folders whose safetensors files an UpdateWeights(SHARED_FILE) may load (the
+    trainer's `services.shared_dir`); a path outside them (symlinks followed) is refused
+    with INVALID_ARGUMENT naming it. Empty = shared-file updates are refused."""
+    update_timeout_s: float = Field(600.0, gt=0)
+    """Deadline for each replica to load one weight update (replicas > 1); a replica
+    past it, or failing, is taken out of rotation unless it still serves the pool's version."""
     in_flight_weight_updates: bool = True
     """Update weights while requests are in flight: pause only new starts, keep running
     requests' KV cache, resume after. False = drain in-flight requests first (NeMo-RL's

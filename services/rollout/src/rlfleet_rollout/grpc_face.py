@@ -13,6 +13,7 @@ from rlfleet_core.server import package_version
 from rlfleet_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet_weights.base import IncomingWeights, WeightRequestError
 from rlfleet_weights.factory import group_kind_of, stream_receiver, update_receiver
+from rlfleet_weights.filesystem import check_weights_path
 
 from rlfleet_rollout import metrics
 from rlfleet_rollout.config import RolloutServiceConfig
@@ -117,6 +118,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.UpdateWeightsRequest, context: aio.ServicerContext[Any, Any]
     ) -> rollout_pb2.UpdateWeightsResponse:
         with _invalid_argument():
+            if request.transport == rollout_pb2.WEIGHT_TRANSPORT_SHARED_FILE:
+                check_weights_path(
+                    request.file_path, self.config.weight_file_roots, "weight_file_roots"
+                )
             incoming = update_receiver(request.transport).receive(request)
         return await self._update(request, incoming)
 
@@ -127,7 +132,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> rollout_pb2.UpdateWeightsResponse:
         def check_header(header: rollout_pb2.UpdateWeightsRequest) -> None:
             # Refuse a stale version before the tensors arrive, not after.
-            check_newer(header.weight_version, self.engine.weight_version)
+            check_newer(
+                header.weight_version,
+                self.engine.weight_version,
+                self.config.max_weight_version_jump,
+            )
 
         with _invalid_argument():
             header, incoming = await stream_receiver().receive_stream(

@@ -117,6 +117,10 @@ class EngineStatus:
     tokens_per_s: float
     tokens_generated: int
     num_replicas: int = 1
+    """Replicas in rotation (a pool takes out those a failed update left diverged)."""
+    serving: bool = True
+    """False while the engine refuses to generate: a failed update may have left its
+    model a mix of two versions (vllm), or no replica is in rotation (pool)."""
 
 
 class ThroughputMeter:

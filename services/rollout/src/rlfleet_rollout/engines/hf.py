@@ -10,8 +10,8 @@ Weight updates land *between* two decode steps: the decode thread holds `_model_
 for each forward pass, and the update copies the new tensors under the same lock. Rows
 in flight keep their KV cache (computed with the old weights) unless the update asks to
 recompute it; each sample reports the first and last weight version it was decoded
-under. Tensors are received before the lock is taken, so a slow transfer does not stall
-generation.
+under. Tensors are received (a broadcast into staging tensors) before the lock is taken,
+so a slow transfer does not stall generation and a failed one changes nothing.
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ class HfEngine(HfWeights):
         self._inflight = InFlight()
         self._meter = ThroughputMeter()
         self._receiver: GroupReceiver | None = None
-        self._homed_plan: Any = None
+        self._staged_plan: Any = None
+        self._staging: dict[str, torch.Tensor] = {}
         self._thread: threading.Thread | None = None
         self.model: Any = None
         self.tokenizer: Any = None

@@ -1,9 +1,10 @@
 """Weight updates of the hf engine (`HfWeights`, mixed into `HfEngine`).
 
 Updates land *between* two decode steps: the decode thread holds the model lock for each
-forward pass, and an update copies the new tensors under the same lock. Tensors that come
-in the request are ready before the lock is taken, so a slow transfer does not stall
-generation; a broadcast is received straight into the parameters under the lock.
+forward pass, and an update copies the new tensors under the same lock. The new tensors
+are complete before the lock is taken (those of the request arrive whole; a broadcast is
+received into staging tensors first), so a slow transfer does not stall generation and a
+transfer that fails midway changes nothing: the model is never a mix of two versions.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rlfleet_weights.factory import make_group_receiver
 from rlfleet_weights.plan import copy_into, home_buckets
 
 from rlfleet_rollout.config import RolloutServiceConfig
-from rlfleet_rollout.engines.updates import check_or_drain
+from rlfleet_rollout.engines.updates import UpdateAborted, check_or_drain
 from rlfleet_rollout.types import PauseMode, TransferGroup, UpdateResult, WeightUpdate
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ class HfWeights:
     _model_lock: threading.Lock
     _update_lock: asyncio.Lock
     _receiver: GroupReceiver | None
-    _homed_plan: Any
+    _staged_plan: Any
+    _staging: dict[str, torch.Tensor]
     _targets: dict[str, torch.Tensor]
 
     async def pause(self, mode: PauseMode) -> int:
@@ -69,6 +71,7 @@ class HfWeights:
             await check_or_drain(
                 update,
                 self._version,
+                self.config.max_weight_version_jump,
                 lambda: asyncio.to_thread(self._drain, update.plan),
                 lambda: self._check_names(self._slots(update)),
             )
@@ -118,35 +121,58 @@ class HfWeights:
         return self._receiver
 
     def _receive_into_model(self, plan: Any, version: int, recompute: bool) -> tuple[int, float]:
-        """Receive straight into the parameters: no staging copy of the model. The first
-        update with a plan moves each packed bucket's parameters into one flat buffer laid
-        out as the bucket (`home_buckets`), so from then on every bucket, packed or not,
-        lands in place and nothing is copied after the transfer. Decoding waits for the
-        model lock during the transfer, as vLLM's engine does during its collective_rpc."""
+        """Receive into staging tensors, then copy them into the model in one step under
+        the model lock: a transfer that fails midway (the sender died, the group timed
+        out) leaves the model exactly as it was and the version unchanged. The staging
+        copy (one model's worth of memory, kept across updates) is laid out as the plan's
+        buckets on first use (`home_buckets`), so every bucket lands in place there.
+        Decoding goes on during the transfer and waits only for the final copy."""
         receiver = self._require_group()
+        staging = self._staging_for(plan)
         t0 = time.perf_counter()
-        with self._model_lock:
-            t1 = time.perf_counter()
-            homed = 0
-            if plan != self._homed_plan:
-                homed = home_buckets(plan, self._targets)
-                self._homed_plan = plan
+        try:
+            nbytes, copy_s = receiver.receive_into(plan, staging)
+        except Exception as exc:
+            # A broadcast cut short leaves the group out of step with its sender: it
+            # cannot carry another update.
+            receiver.close()
+            self._receiver = None
+            raise UpdateAborted(
+                f"weight transfer of version {version} failed midway ({exc}); still "
+                f"serving version {self._version}; call InitWeightTransfer again"
+            ) from None
+        t1 = time.perf_counter()
+        with self._model_lock, torch.no_grad():
             t2 = time.perf_counter()
-            nbytes, copy_s = receiver.receive_into(plan, self._targets)
+            for name in plan.names:
+                copy_into(self._targets[name], staging[name])
             t3 = time.perf_counter()
             self._version = version
             self._recompute = self._recompute or recompute
         logger.debug(
-            "weights v%d: lock wait %.1f ms, home %.1f ms (%d buckets), receive %.1f ms "
-            "(copy-out %.1f ms)",
+            "weights v%d: receive %.1f ms, lock wait %.1f ms, swap in %.1f ms",
             version,
             (t1 - t0) * 1e3,
             (t2 - t1) * 1e3,
-            homed,
             (t3 - t2) * 1e3,
-            copy_s * 1e3,
         )
-        return nbytes, copy_s + (t2 - t1)
+        return nbytes, copy_s + (t3 - t2)
+
+    def _staging_for(self, plan: Any) -> dict[str, torch.Tensor]:
+        """Staging tensors for `plan`'s names (tied weights share one), made once per plan."""
+        if plan != self._staged_plan:
+            by_target: dict[int, torch.Tensor] = {}
+            staging = {}
+            for name in plan.names:
+                target = self._targets[name]
+                if id(target) not in by_target:
+                    by_target[id(target)] = torch.empty_like(
+                        target, memory_format=torch.contiguous_format
+                    )
+                staging[name] = by_target[id(target)]
+            home_buckets(plan, staging)
+            self._staging, self._staged_plan = staging, plan
+        return self._staging
 
     def _drain(self, plan: Any) -> None:
         """Consume a refused update's broadcasts so the sender does not hang."""

@@ -10,7 +10,9 @@ Weights reach every replica: over the weight group each replica's workers join a
 consecutive ranks (replica i at `rank_offset + i`, one worker per replica), and all
 replicas receive the same broadcast; tensors that came over gRPC are put in Ray's
 object store once and every replica loads them from there. Versions move together: the
-pool refuses a stale version before touching any replica.
+pool refuses a stale version before touching any replica, bounds each replica's update
+by `update_timeout_s`, and takes a replica that a failed update left on another version
+out of rotation (`num_replicas` in GetStatus counts the replicas in rotation).
 
 Trade-offs (see docs/rollout.md): Ray adds start-up time and a hop per sample (~1 ms);
 with one replica the engine runs in the service process instead. Every wait on the
@@ -28,8 +30,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from rlfleet_core.errors import Unavailable
+
 from rlfleet_rollout.config import RolloutServiceConfig
-from rlfleet_rollout.engines.updates import check_newer
+from rlfleet_rollout.engines.updates import UpdateAborted, check_newer
 from rlfleet_rollout.types import (
     EngineStatus,
     GenerateInput,
@@ -107,6 +111,8 @@ class ReplicaPool:
         self._info: dict[str, Any] = {}
         self._statuses: list[EngineStatus] = []
         self._update_lock = asyncio.Lock()
+        self._fenced: set[int] = set()
+        """Replicas out of rotation: left on another version by a failed update."""
         self._owns_ray = False
         self._ray_up = False
         self._started: list[bool] = []
@@ -222,7 +228,13 @@ class ReplicaPool:
             await asyncio.to_thread(ray.shutdown)
 
     def _pick(self) -> int:
-        return min(range(len(self._actors)), key=lambda i: self._load[i])
+        serving = [i for i in range(len(self._actors)) if i not in self._fenced]
+        if not serving:
+            raise Unavailable(
+                "every replica is out of rotation after a failed weight update; "
+                "a successful update brings them back"
+            )
+        return min(serving, key=lambda i: self._load[i])
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[Sample]:
         index = self._pick()
@@ -286,29 +298,77 @@ class ReplicaPool:
         return int(sum(joined))
 
     async def update_weights(self, update: WeightUpdate) -> UpdateResult:
+        """Every replica gets the update, each within `update_timeout_s`. The pool's
+        version moves when at least one replica took it; a replica left on another
+        version (it failed, or did not answer in time) is taken out of rotation, so no
+        request is served by a diverged replica, until a later update lands on it. When
+        none took it, every replica keeps the previous version (engines apply an update
+        whole or not at all) and the first error is raised."""
         import ray
 
         async with self._update_lock:
             # Replicas would each refuse a stale version too, but checking here first
             # keeps them in step (no replica updated while another refused).
-            check_newer(update.version, self._version)
+            check_newer(update.version, self._version, self.config.max_weight_version_jump)
             if update.tensors is not None:
                 ref = ray.put(update.tensors)
                 header = WeightUpdate(update.version, recompute_kv_cache=update.recompute_kv_cache)
-                results = await asyncio.gather(
-                    *(a.update_weights.remote(header, ref) for a in self._actors)
-                )
+                refs = [a.update_weights.remote(header, ref) for a in self._actors]
             else:
-                results = await asyncio.gather(
-                    *(a.update_weights.remote(update) for a in self._actors)
-                )
-            self._version = update.version
+                refs = [a.update_weights.remote(update) for a in self._actors]
+            limit = self.config.update_timeout_s
+            outcomes = await asyncio.gather(
+                *(asyncio.wait_for(_as_future(r), limit) for r in refs), return_exceptions=True
+            )
+            results = [o for o in outcomes if isinstance(o, UpdateResult)]
+            if results:
+                self._version = update.version
+            await self._fence(outcomes)
+            if not results:
+                error = outcomes[0]
+                if isinstance(error, TimeoutError):
+                    raise UpdateAborted(
+                        f"no replica loaded version {update.version} within "
+                        f"update_timeout_s={limit:g}s; still serving version {self._version}"
+                    )
+                assert isinstance(error, BaseException)
+                raise error
             return UpdateResult(
                 update.version,
                 results[0].bytes_received,
                 max(r.transfer_time_s for r in results),
                 max(r.apply_time_s for r in results),
             )
+
+    async def _fence(self, outcomes: list[Any]) -> None:
+        """Take out of rotation each replica whose update failed and whose version is
+        not the pool's (or that cannot say); put back those that caught up."""
+        for index, outcome in enumerate(outcomes):
+            version: int | None = None
+            if isinstance(outcome, UpdateResult):
+                version = outcome.version
+            else:
+                try:
+                    status = await asyncio.wait_for(
+                        _as_future(self._actors[index].status.remote()),
+                        self.config.ray_call_timeout_s,
+                    )
+                    version = status.weight_version if status.serving else None
+                except Exception:
+                    version = None
+                logger.warning(
+                    "replica %d failed to load version %s: %s", index, self._version, outcome
+                )
+            if version == self._version:
+                self._fenced.discard(index)
+            else:
+                self._fenced.add(index)
+                logger.error(
+                    "replica %d is out of rotation: on version %s, the pool serves %d",
+                    index,
+                    version,
+                    self._version,
+                )
 
     async def _poll_status(self) -> None:
         while True:
@@ -334,7 +394,8 @@ class ReplicaPool:
             requests_running=total,
             tokens_per_s=sum(s.tokens_per_s for s in statuses),
             tokens_generated=sum(s.tokens_generated for s in statuses),
-            num_replicas=len(self._actors),
+            num_replicas=len(self._actors) - len(self._fenced),
+            serving=len(self._fenced) < len(self._actors),
         )
 
 

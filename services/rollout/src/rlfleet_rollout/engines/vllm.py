@@ -17,6 +17,11 @@ In-flight weight update (NeMo-RL's recipe, with vLLM's own pause):
 4. bump the version, then `reset_prefix_cache` (running requests are preempted and
    recomputed if `recompute_kv_cache`);
 5. resume.
+All or nothing: the workers receive every tensor before loading any, so a transfer cut
+short changes nothing (ABORTED, previous version still served). A load that fails midway
+may leave a mix of two versions that cannot be undone here: the engine then refuses to
+generate (UNAVAILABLE, in-flight samples aborted, `serving=False` in its status) until a
+full update succeeds.
 Prefix-cache blocks are also salted with the weight version (`cache_salt`): while
 requests in flight hold blocks, vLLM cannot reset its prefix cache, and a new request
 sharing a prompt prefix would otherwise reuse KV computed by the old weights (measured
@@ -34,12 +39,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from rlfleet_core.errors import FailedPrecondition
+from rlfleet_core.errors import FailedPrecondition, Unavailable
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines import vllm_worker
 from rlfleet_rollout.engines.requests import sample_sampling, token_budget
-from rlfleet_rollout.engines.updates import check_or_drain
+from rlfleet_rollout.engines.updates import UpdateAborted, check_or_drain
 from rlfleet_rollout.types import (
     EngineStatus,
     FinishReason,
@@ -78,6 +83,8 @@ class VllmEngine:
         self._vocab_size = 0
         self._eos: tuple[int, ...] = ()
         self._workers = 0
+        self._broken: str | None = None
+        """Why generation is refused (a load failed midway), or None."""
         self.llm: Any = None
         self.tokenizer: Any = None
 
@@ -102,7 +109,13 @@ class VllmEngine:
     async def start(self) -> None:
         # Functions sent to the workers (weight loading) need vLLM's pickle fallback.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        self.llm = await asyncio.to_thread(self._build)
+        # Handed over through a list, not as the thread's return value: the finished
+        # futures (and the pool thread's frame) would keep that alive after `stop`, until
+        # interpreter teardown, where AsyncLLM.__del__ shuts down again and fails with a
+        # traceback (its module globals are gone by then).
+        built: list[Any] = []
+        await asyncio.to_thread(lambda: built.append(self._build()))
+        self.llm = built.pop()
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.model_config.hf_config
         self._vocab_size = int(hf_config.vocab_size)
@@ -193,6 +206,8 @@ class VllmEngine:
             await self._admit.wait()
             self._waiting -= request.n
             admitted = True
+            if self._broken is not None:
+                raise Unavailable(self._broken)
             version = self._version
             tasks = [
                 asyncio.create_task(self._one(request, i, version, queue)) for i in range(request.n)
@@ -229,6 +244,9 @@ class VllmEngine:
             raise
         except Exception as exc:
             await queue.put(exc)
+            return
+        if self._broken is not None:  # aborted by a load that failed midway
+            await queue.put(Unavailable(self._broken))
             return
         completion = final.outputs[0] if final is not None else None
         tokens = list(completion.token_ids) if completion is not None else []
@@ -302,6 +320,7 @@ class VllmEngine:
             await check_or_drain(
                 update,
                 self._version,
+                self.config.max_weight_version_jump,
                 lambda: self.llm.collective_rpc(
                     vllm_worker.drain_group, kwargs={"encoded_plan": self._encode(update)}
                 ),
@@ -311,17 +330,12 @@ class VllmEngine:
             await self.llm.pause_generation(mode=mode, clear_cache=False)
             paused = time.perf_counter()
             try:
-                if update.plan is not None:
-                    sizes = await self.llm.collective_rpc(
-                        vllm_worker.load_from_group, kwargs={"encoded_plan": self._encode(update)}
-                    )
-                else:
-                    assert update.tensors is not None
-                    payload = await asyncio.to_thread(vllm_worker.pack_tensors, update.tensors)
-                    sizes = await self.llm.collective_rpc(
-                        vllm_worker.load_tensors, kwargs={"payload": payload}
-                    )
+                sizes = await self._load(update)
                 loaded = time.perf_counter()
+                failed = [s for s in sizes if isinstance(s, str)]
+                if failed:
+                    await self._stop_serving(update.version, failed[0])
+                self._broken = None
                 self._version = update.version
                 await self.llm.reset_prefix_cache(reset_running_requests=update.recompute_kv_cache)
             finally:
@@ -333,6 +347,43 @@ class VllmEngine:
             return UpdateResult(
                 update.version, int(sizes[0]), loaded - paused, (paused - start) + (done - loaded)
             )
+
+    async def _load(self, update: WeightUpdate) -> list[int | str]:
+        """Receive and load in the workers. A transfer that fails changes nothing (the
+        workers receive everything before loading): UpdateAborted, and the group is gone."""
+        try:
+            if update.plan is not None:
+                sizes: list[int | str] = await self.llm.collective_rpc(
+                    vllm_worker.load_from_group, kwargs={"encoded_plan": self._encode(update)}
+                )
+            else:
+                assert update.tensors is not None
+                payload = await asyncio.to_thread(vllm_worker.pack_tensors, update.tensors)
+                sizes = await self.llm.collective_rpc(
+                    vllm_worker.load_tensors, kwargs={"payload": payload}
+                )
+        except Exception as exc:
+            if update.plan is not None:
+                self._workers = 0
+            raise UpdateAborted(
+                f"weight transfer of version {update.version} failed ({exc}); still serving "
+                f"version {self._version}"
+                + ("; call InitWeightTransfer again" if update.plan is not None else "")
+            ) from None
+        return sizes
+
+    async def _stop_serving(self, version: int, error: str) -> None:
+        """Loading failed midway: the model may mix two versions. Refuse to generate
+        (UNAVAILABLE) and abort the samples in flight until a full update succeeds."""
+        self._broken = (
+            f"loading weight version {version} failed midway ({error}); the model may mix "
+            "two versions: no generation until a full weight update succeeds"
+        )
+        logger.error("%s", self._broken)
+        ids = [f"{rid}#{i}" for rid, tasks in self._tasks.items() for i in range(len(tasks))]
+        if ids:
+            await self.llm.abort(ids)
+        raise UpdateAborted(self._broken)
 
     @staticmethod
     def _encode(update: WeightUpdate) -> bytes:
@@ -350,4 +401,5 @@ class VllmEngine:
             requests_running=self._inflight.samples - self._waiting,
             tokens_per_s=self._meter.rate(),
             tokens_generated=self._meter.total,
+            serving=self._broken is None,
         )

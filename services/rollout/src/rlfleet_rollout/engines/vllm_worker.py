@@ -68,15 +68,30 @@ def _decode_plan(encoded: bytes) -> BucketPlan:
     return plan_buckets(request.tensors, request.bucket_bytes)
 
 
-def load_from_group(worker: Any, encoded_plan: bytes) -> int:
-    """Receive every bucket of the plan over the weight group and load it; returns bytes."""
+def load_from_group(worker: Any, encoded_plan: bytes) -> int | str:
+    """Receive every bucket of the plan over the weight group, then load it; returns
+    bytes, or the error (a str) when loading failed midway and the model may be a mix
+    of two versions. A transfer that fails raises before anything is loaded, and drops
+    the group (it is out of step with its sender)."""
     plan = _decode_plan(encoded_plan)
     receiver = getattr(worker, _RECEIVER_ATTR, None)
     if receiver is None:
         raise RuntimeError("no weight group on this worker: call InitWeightTransfer first")
-    weights = list(receiver.receive_tensors(plan))
-    _reload(worker, weights)
-    return plan.total_bytes
+    try:
+        weights = list(receiver.receive_tensors(plan))
+    except Exception:
+        receiver.close()
+        setattr(worker, _RECEIVER_ATTR, None)
+        raise
+    return _reload_or_error(worker, weights, plan.total_bytes)
+
+
+def _reload_or_error(worker: Any, weights: list[tuple[str, Any]], nbytes: int) -> int | str:
+    try:
+        _reload(worker, weights)
+    except Exception as exc:  # returned, not raised: the engine must know the model changed
+        return f"{type(exc).__name__}: {exc}"
+    return nbytes
 
 
 def drain_group(worker: Any, encoded_plan: bytes) -> None:
@@ -99,15 +114,16 @@ def pack_tensors(tensors: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def load_tensors(worker: Any, payload: bytes) -> int:
-    """Load tensors that came with the call (gRPC stream, shared file); returns bytes."""
+def load_tensors(worker: Any, payload: bytes) -> int | str:
+    """Load tensors that came with the call (gRPC stream, shared file); returns bytes,
+    or the error (a str) when loading failed midway (see `load_from_group`)."""
     import io
 
     import torch
 
     tensors = torch.load(io.BytesIO(payload), weights_only=True)
-    _reload(worker, list(tensors.items()))
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    return _reload_or_error(worker, list(tensors.items()), nbytes)
 
 
 def has_weight_group(worker: Any) -> bool:
