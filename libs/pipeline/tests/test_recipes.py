@@ -115,3 +115,19 @@ def test_stage_mismatch_and_bad_override_are_one_line_errors() -> None:
     assert [ln for ln in bad.stderr.splitlines() if ln.strip()] == [
         "rlfleet: config error: grpo.lr: expected a number, got 'abc' (from override grpo.lr=abc)"
     ]
+
+
+def test_shared_file_recipe_tells_the_rollout_to_trust_its_folder(tmp_path: Path) -> None:
+    """The rollout refuses shared-file loads outside `weight_file_roots`; the stage
+    passes the recipe's shared_dir so such a recipe works out of the box."""
+    from rlfleet_core.config import parse_overrides
+    from rlfleet_pipeline.stage import rollout_overrides
+
+    shared = tmp_path / "weights dir"
+    recipe = load_recipe(
+        "test", ["services.weight_transport=shared_file", f"services.shared_dir={shared}"]
+    )
+    parsed = parse_overrides(rollout_overrides(recipe, "hf")["rollout"])
+    assert parsed["weight_file_roots"] == [str(shared)]
+    plain = parse_overrides(rollout_overrides(load_recipe("test"), "hf")["rollout"])
+    assert "weight_file_roots" not in plain

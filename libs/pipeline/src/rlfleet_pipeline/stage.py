@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -148,7 +149,11 @@ def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]
     """The rollout serves the policy's model (same weights and token ids as the trainer)."""
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
-    return {"rollout": [f"engine={engine}", f"model={recipe.policy.model}"]}
+    overrides = [f"engine={engine}", f"model={recipe.policy.model}"]
+    if recipe.services.weight_transport == "shared_file" and recipe.services.shared_dir:
+        # The rollout loads shared-file updates only from folders it is told to trust.
+        overrides.append(f"weight_file_roots={json.dumps([recipe.services.shared_dir])}")
+    return {"rollout": overrides}
 
 
 def run_local(
