@@ -36,7 +36,7 @@ from rlfleet_dataprep.prep import PrepOptions, prepare_rl, resolve_blend
 
 from rlfleet_pipeline.fleet import LocalFleet, tail_lines
 from rlfleet_pipeline.recipes import load_recipe
-from rlfleet_pipeline.report import StageResult, read_metrics, write_report
+from rlfleet_pipeline.report import StageResult, heldout_failures, read_metrics, write_report
 from rlfleet_pipeline.stage import trainer_command
 
 
@@ -206,7 +206,10 @@ def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageR
     summary = json.loads(folder.summary.read_text())
 
     def split(result: dict[str, float]) -> tuple[float, dict[str, float]]:
-        by_env = {k.removeprefix("reward/"): v for k, v in result.items() if k != "reward"}
+        # Only `reward/<env>` keys are environments; failure counts sit in `failures`.
+        by_env = {
+            k.removeprefix("reward/"): v for k, v in result.items() if k.startswith("reward/")
+        }
         return float(result.get("reward", float("nan"))), by_env
 
     before, before_env = split(heldout.get("before", {}))
@@ -221,6 +224,7 @@ def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageR
         wall_s=wall_s,
         checkpoint=str(summary.get("checkpoint", "")),
         metrics_path=str(folder.metrics),
+        heldout_failures=heldout_failures(heldout),
     )
 
 

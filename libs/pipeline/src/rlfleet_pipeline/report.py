@@ -1,13 +1,17 @@
-"""The end-of-run report: a metrics table, reward curves per environment (PNG) and
-held-out reward before/after each stage, as report.md, report.json and plots/.
+"""The end-of-run report: a metrics table, reward curves per environment (PNG),
+held-out reward before/after each stage and what each stage lost to failures, as
+report.md, report.json and plots/.
 
 Inputs are what stages leave in their folders: `metrics.jsonl` (one object per step with
-`step`, `reward/mean`, `reward/<env>`, ...) and a `StageResult` per stage.
+`step`, `reward/mean`, `reward/<env>`, `failures/*`, `val/failed_*`, ...) and a
+`StageResult` per stage. Run folders older than the failure metrics read as no failures.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt
 from rlfleet_contracts.run_folder import PipelineFolder
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,12 +36,97 @@ class StageResult:
     wall_s: float = 0.0
     checkpoint: str = ""
     metrics_path: str = ""
+    heldout_failures: dict[str, dict[str, float]] = field(default_factory=dict)
+    """heldout.json's `failures`: validation label → {failed_prompts, failed_samples}."""
+
+
+@dataclass
+class FailureTotals:
+    """What one stage lost to failures (docs/trainer.md, "Failures")."""
+
+    groups: int = 0
+    """Prompt groups dropped (and replaced) after their retries failed."""
+    samples: int = 0
+    """Samples of those groups left without a result."""
+    retries: int = 0
+    """Generate / ScoreGroup calls tried again (validation's included)."""
+    failing_steps: int = 0
+    """Steps that lost more groups than grpo.max_failed_group_fraction allows."""
+    heldout_failed_prompts: int = 0
+    """Held-out prompts left out, over every validation (before, periodic, after)."""
+    heldout_failed_samples: int = 0
+
+    def any(self) -> bool:
+        return any(asdict(self).values())
+
+
+def heldout_failures(heldout: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """heldout.json's `failures` entry; {} for a file written before it existed."""
+    failures = heldout.get("failures")
+    if not isinstance(failures, dict):
+        return {}
+    return {
+        label: {k: v for k, v in counts.items() if _count(v)}
+        for label, counts in failures.items()
+        if isinstance(counts, dict)
+    }
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The stage's steps in order, as the run went on. A trainer resumed from its step-k
+    checkpoint logs the steps after k again: those rows replace the ones logged before.
+    A line cut short (the trainer was killed while writing it) is left out."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            logger.warning("%s:%d: not a JSON object (a line cut short?); left out", path, n)
+            continue
+        if not isinstance(row, dict):
+            continue
+        step = row.get("step")
+        while rows and _is_number(step) and _is_number(rows[-1].get("step")):
+            if rows[-1]["step"] < step:
+                break
+            rows.pop()
+        rows.append(row)
+    return rows
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def failure_totals(stage: StageResult, rows: list[dict[str, Any]]) -> FailureTotals:
+    totals = FailureTotals()
+    streak = 0
+    for row in rows:
+        totals.groups += _count(row.get("failures/groups"))
+        totals.samples += _count(row.get("failures/samples"))
+        totals.retries += _count(row.get("failures/retries"))
+        totals.heldout_failed_prompts += _count(row.get("val/failed_prompts"))
+        totals.heldout_failed_samples += _count(row.get("val/failed_samples"))
+        # `failures/failing_steps` is the streak after the step (0 once a step is within
+        # budget; one step can add more than one). A streak that shrank without reaching 0
+        # started over on resume.
+        now = _count(row.get("failures/failing_steps"))
+        totals.failing_steps += now - streak if now > streak else now
+        streak = now
+    for counts in stage.heldout_failures.values():
+        totals.heldout_failed_prompts += _count(counts.get("failed_prompts"))
+        totals.heldout_failed_samples += _count(counts.get("failed_samples"))
+    return totals
+
+
+def _count(value: Any) -> int:
+    """A count from a metrics value; 0 for a missing key (older run folders) or a value
+    that is not a finite number."""
+    if not _is_number(value) or not math.isfinite(value):
+        return 0
+    return max(int(value), 0)
 
 
 def reward_curves(rows: list[dict[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
@@ -60,6 +151,15 @@ def plot_stage(stage: StageResult, rows: list[dict[str, Any]], path: Path) -> Pa
         ax.plot(
             xs, ys, marker="o", markersize=3, linewidth=2.5 if name == "mean" else 1.2, label=name
         )
+    dropped = [
+        float(row.get("step", i + 1))
+        for i, row in enumerate(rows)
+        if _count(row.get("failures/groups"))
+    ]
+    for n, step in enumerate(dropped):
+        # One faint line per step that dropped groups; its reward is over fewer prompts.
+        label = "groups dropped" if n == 0 else None
+        ax.axvline(step, color="red", alpha=0.25, linewidth=4, zorder=0, label=label)
     ax.axhline(stage.heldout_reward_before, color="grey", linestyle=":", label="held-out before")
     ax.axhline(stage.heldout_reward_after, color="black", linestyle="--", label="held-out after")
     ax.set(title=f"{stage.stage}: training reward per environment", xlabel="step", ylabel="reward")
@@ -91,6 +191,7 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     """Write report.json, report.md and plots/ under run_dir; return report.md."""
     folder = PipelineFolder(run_dir)
     plots = []
+    totals = []
     lines = [
         "# rlfleet run report",
         "",
@@ -104,6 +205,7 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
             f"{stage.heldout_reward_after:.3f} | {delta:+.3f} | {stage.wall_s:.0f} s |"
         )
         rows = read_metrics(Path(stage.metrics_path)) if stage.metrics_path else []
+        totals.append(failure_totals(stage, rows))
         png = plot_stage(stage, rows, folder.plots / f"{stage.stage}_reward.png")
         if png:
             plots.append(png)
@@ -124,11 +226,22 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
                 for e in envs
             ]
             lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
+    lines += ["", 'Failures (docs/trainer.md, "Failures"):', ""]
+    lines += [f"- {s.stage}: {_failure_line(t)}" for s, t in zip(stages, totals, strict=True)]
     if stages:
         plots.append(plot_heldout(stages, folder.plots / "heldout.png"))
     lines += ["", *[f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]]
     folder.report_json.write_text(
-        json.dumps({"stages": [asdict(s) for s in stages]}, indent=2) + "\n"
+        json.dumps(
+            {
+                "stages": [
+                    {**asdict(s), "failures": asdict(t)}
+                    for s, t in zip(stages, totals, strict=True)
+                ]
+            },
+            indent=2,
+        )
+        + "\n"
     )
     report = folder.report_md
     report.write_text("\n".join(lines) + "\n")
@@ -137,3 +250,18 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
 
 def _cell(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
+
+
+def _failure_line(t: FailureTotals) -> str:
+    if not t.any():
+        return "no failures"
+    return (
+        f"{_n(t.groups, 'group')} dropped ({_n(t.samples, 'sample')} failed), "
+        f"{_n(t.retries, 'retry', 'retries')}, {_n(t.failing_steps, 'failing step')}; "
+        f"held-out: {_n(t.heldout_failed_prompts, 'prompt')} left out "
+        f"({_n(t.heldout_failed_samples, 'sample')} without a reward)"
+    )
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
