@@ -112,6 +112,7 @@ def test_report_counts_failures_per_stage(tmp_path: Path) -> None:
     ) in text
     assert "no failures" not in text
     data = json.loads((tmp_path / "report.json").read_text())
+    assert data["stages"][0]["heldout_failures"] == heldout["failures"]
     assert data["stages"][0]["failures"] == {
         "groups": 7,
         "samples": 28,

@@ -66,7 +66,7 @@ def heldout_failures(heldout: dict[str, Any]) -> dict[str, dict[str, float]]:
     if not isinstance(failures, dict):
         return {}
     return {
-        label: {k: v for k, v in counts.items() if _count(v)}
+        label: {k: v for k, v in counts.items() if _is_number(v) and math.isfinite(v)}
         for label, counts in failures.items()
         if isinstance(counts, dict)
     }
