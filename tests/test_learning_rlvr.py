@@ -17,6 +17,13 @@ higher: a paired t statistic of at least 2 over the prompts' before/after means,
 least +0.1. (Until session 4: a fixed +0.15 on 2 samples a prompt after 7 steps; a CI
 run measured +0.094 there. With 10 steps and 4 samples a prompt: +0.22 (t = 2.63) and
 +0.48 (t = 8.6).)
+
+Session 6 (issue 12): 8 consecutive runs, all passing, recorded with RLFLEET_LEARNING_LOG
+on a 2-core machine shared with other test runs (210-1535 s a run); held-out reward
+before -> after (paired t): 0.367 -> 0.727 (5.5), 0.344 -> 0.680 (5.1),
+0.398 -> 0.711 (4.8), 0.398 -> 0.813 (6.2), 0.398 -> 1.000 (13.5), 0.328 -> 0.938 (14.5),
+0.398 -> 0.797 (6.6), 0.398 -> 0.688 (3.7): gains +0.29 to +0.61, mean +0.41. Runs 5-8
+ran with the issue-12 trainer (retries, per-step failure budget) and sandbox.
 """
 
 from __future__ import annotations
