@@ -211,3 +211,12 @@ async def test_validation_over_budget_names_the_setting(tiny_model: Path, tmp_pa
         with pytest.raises(Exception, match="max_failed_group_fraction") as info:
             await run_stage(cfg, tmp_path, rows=rows(), val_rows=rows(3))
     assert "2 of 3 held-out prompts failed" in str(info.value)
+
+
+def test_failures_of_empty_steps_are_logged_with_the_next_step() -> None:
+    """A step that trains nothing logs no metrics row; its failure counts must not vanish."""
+    from rlfleet_trainer.loop import carry_failures
+
+    empty = carry_failures({}, {"failures/groups": 2.0, "failures/failing_steps": 1.0})
+    logged = carry_failures(empty, {"failures/groups": 1.0, "failures/failing_steps": 0.0})
+    assert logged == {"failures/groups": 3.0, "failures/failing_steps": 0.0}

@@ -119,6 +119,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
     collector.auto_fill_limit = limit if g.async_enabled else None
     metrics_file = ctx.folder.metrics.open("a", encoding="utf-8")
     empty_steps = 0
+    unlogged: dict[str, float] = {}  # failure counts of empty steps, logged with the next step
     if g.val_at_start and "before" not in read_heldout(ctx.folder):
         ctx.status["phase"] = "validating"
         write_heldout(ctx.folder, "before", await validate(ctx, "before"))
@@ -127,7 +128,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
             started = time.monotonic()
             ctx.status["phase"] = "generating"
             groups, rounds = await gather_groups(ctx, collector, state.weight_version, limit)
-            failures = collector.end_step()
+            failures = carry_failures(unlogged, collector.end_step())
             waited = time.monotonic() - started
             prepared = prepare_step(
                 groups, recipe, state.weight_version, ctx.tokenizer.pad_token_id or 0
@@ -141,8 +142,10 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
                         f"{empty_steps * MAX_DYNAMIC_SAMPLING_ROUNDS} rounds; the task is all "
                         "solved or all failed: check the rewards or set grpo.dynamic_sampling=false"
                     )
+                unlogged = failures
                 continue
             empty_steps = 0
+            unlogged = {}
             ctx.status["phase"] = "training"
             train_metrics, timings = await train_on(ctx.backend, prepared.batch, loss_config)
             state.step += 1
@@ -187,6 +190,16 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
     finally:
         metrics_file.close()
         await collector.cancel()
+
+
+def carry_failures(unlogged: dict[str, float], step: dict[str, float]) -> dict[str, float]:
+    """A step's `failures/*` plus those of the empty steps before it (which log no row):
+    counts add up; the failing-steps streak is the latest value."""
+    merged = dict(step)
+    for key, value in unlogged.items():
+        if key != "failures/failing_steps":
+            merged[key] = merged.get(key, 0.0) + value
+    return merged
 
 
 async def restore_or_start(
