@@ -77,7 +77,7 @@ def run(
         raise fail(str(exc), code=1) from None
     summary = json.loads(PipelineFolder(report.parent).report_json.read_text())
     table = Table(title=f"rlfleet run ({time.monotonic() - started:.0f} s)")
-    for column in ("stage", "steps", "held-out before", "held-out after"):
+    for column in ("stage", "steps", "held-out before", "held-out after", "groups dropped"):
         table.add_column(column, justify="left" if column == "stage" else "right")
     for stage in summary["stages"]:
         table.add_row(
@@ -85,6 +85,8 @@ def run(
             str(stage["steps"]),
             f"{stage['heldout_reward_before']:.3f}",
             f"{stage['heldout_reward_after']:.3f}",
+            # Reports written before failures were counted have no such entry.
+            str(stage.get("failures", {}).get("groups", "-")),
         )
     out.print(table)
     out.print(f"report: {report}")
