@@ -222,8 +222,9 @@ def test_sandbox_image_executes_over_http(sandbox_http: str) -> None:
         assert body["process_status"] == "completed", body
         assert body["stdout"] == "42\n" and body["stderr"] == "to stderr\n", body
 
-        # A stateful ipython session (NeMo-Skills clients name sessions themselves).
-        session = {"X-Session-ID": "testcontainers-1"}
+        # A stateful ipython session (NeMo-Skills clients name sessions themselves); a
+        # session belongs to the client key that made it.
+        session = {"X-Session-ID": "testcontainers-1", "x-rlfleet-client-key": "containers-test"}
         first = client.post(
             "/execute", headers=session, json={"generated_code": "x = 41", "language": "ipython"}
         )
