@@ -301,9 +301,11 @@ class ReplicaPool:
         """Every replica gets the update, each within `update_timeout_s`. The pool's
         version moves when at least one replica took it; a replica left on another
         version (it failed, or did not answer in time) is taken out of rotation, so no
-        request is served by a diverged replica, until a later update lands on it. When
-        none took it, every replica keeps the previous version (engines apply an update
-        whole or not at all) and the first error is raised."""
+        request is served by a diverged replica, until a later update lands on it. A
+        replica past the deadline is taken out even if it still reports the previous
+        version: its update may land later. When none took it, the pool keeps the
+        previous version (engines apply an update whole or not at all), replicas that
+        failed within the deadline keep serving it, and the first error is raised."""
         import ray
 
         async with self._update_lock:
@@ -323,13 +325,15 @@ class ReplicaPool:
             results = [o for o in outcomes if isinstance(o, UpdateResult)]
             if results:
                 self._version = update.version
-            await self._fence(outcomes)
+            await self._fence(outcomes, update.version)
             if not results:
                 error = outcomes[0]
                 if isinstance(error, TimeoutError):
                     raise UpdateAborted(
                         f"no replica loaded version {update.version} within "
-                        f"update_timeout_s={limit:g}s; still serving version {self._version}"
+                        f"update_timeout_s={limit:g}s; the pool stays on version "
+                        f"{self._version}, replicas past the deadline are out of rotation "
+                        "until a later update lands on them"
                     )
                 assert isinstance(error, BaseException)
                 raise error
@@ -340,13 +344,19 @@ class ReplicaPool:
                 max(r.apply_time_s for r in results),
             )
 
-    async def _fence(self, outcomes: list[Any]) -> None:
+    async def _fence(self, outcomes: list[Any], wanted: int) -> None:
         """Take out of rotation each replica whose update failed and whose version is
-        not the pool's (or that cannot say); put back those that caught up."""
+        not the pool's (or that cannot say); put back those that caught up. A replica
+        past the deadline is taken out whatever it reports: its update goes on (a
+        receive in a thread cannot be stopped) and may land after this call."""
         for index, outcome in enumerate(outcomes):
             version: int | None = None
             if isinstance(outcome, UpdateResult):
                 version = outcome.version
+            elif isinstance(outcome, TimeoutError):
+                logger.warning(
+                    "replica %d did not load version %d within update_timeout_s", index, wanted
+                )
             else:
                 try:
                     status = await asyncio.wait_for(
@@ -356,9 +366,7 @@ class ReplicaPool:
                     version = status.weight_version if status.serving else None
                 except Exception:
                     version = None
-                logger.warning(
-                    "replica %d failed to load version %s: %s", index, self._version, outcome
-                )
+                logger.warning("replica %d failed to load version %d: %s", index, wanted, outcome)
             if version == self._version:
                 self._fenced.discard(index)
             else:
