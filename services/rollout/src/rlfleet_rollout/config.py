@@ -69,7 +69,8 @@ class RolloutServiceConfig(ServiceConfig):
     with INVALID_ARGUMENT naming it. Empty = shared-file updates are refused."""
     update_timeout_s: float = Field(600.0, gt=0)
     """Deadline for each replica to load one weight update (replicas > 1); a replica
-    past it, or failing, is taken out of rotation unless it still serves the pool's version."""
+    past it is taken out of rotation (its update may still land later), one that fails
+    is taken out unless it still serves the pool's version."""
     in_flight_weight_updates: bool = True
     """Update weights while requests are in flight: pause only new starts, keep running
     requests' KV cache, resume after. False = drain in-flight requests first (NeMo-RL's
