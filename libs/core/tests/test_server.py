@@ -326,3 +326,67 @@ async def test_http_listener_has_tcp_nodelay(running: RunningServer) -> None:
     writer.close()
     assert running.http_listener is not None
     assert running.http_listener.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY) == 1
+
+
+class _FlippingService(EchoService):
+    """Says it cannot serve while `broken` is set (a model a failed load left broken)."""
+
+    broken: str | None = None
+
+    def not_serving_reason(self) -> str | None:
+        return self.broken
+
+
+async def _health_until(
+    http: httpx.AsyncClient, health: health_pb2_grpc.HealthStub, want: int, text: str
+) -> None:
+    """Poll (bounded) until gRPC health for "" and the service's name say `want` and
+    /healthz answers `text`."""
+    code = 200 if want == health_pb2.HealthCheckResponse.SERVING else 503
+    seen: list[object] = []
+    for _ in range(100):
+        statuses = [
+            (await health.Check(health_pb2.HealthCheckRequest(service=name), timeout=2)).status
+            for name in ("", SERVICE_NAME)
+        ]
+        reply = await http.get("/healthz")
+        seen = [statuses, reply.status_code, reply.text]
+        if seen == [[want, want], code, text]:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"health never became {want}/{code} {text!r}; last seen {seen}")
+
+
+async def test_health_follows_the_service_while_running() -> None:
+    built: list[_FlippingService] = []
+
+    def factory(config: ServiceConfig) -> _FlippingService:
+        built.append(_FlippingService(config))
+        return built[-1]
+
+    definition = ServiceDefinition(
+        name="flipping",
+        package="rlfleet-core",
+        grpc_services=(SERVICE_NAME,),
+        config_model=ServiceConfig,
+        factory=factory,
+    )
+    running = await start_service(definition, config(http_port=0, health_poll_s=0.05))
+    (service,) = built
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    try:
+        async with (
+            connect(f"127.0.0.1:{running.grpc_port}", retry=None) as channel,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{running.http_port}", timeout=5) as http,
+        ):
+            health = health_pb2_grpc.HealthStub(channel)
+            await _health_until(http, health, serving, "SERVING")
+            service.broken = "weights half loaded"
+            await _health_until(http, health, not_serving, "NOT_SERVING: weights half loaded")
+            assert await call(channel, "Echo", b"hi") == b"hi"  # health reports; it blocks nothing
+            service.broken = None
+            await _health_until(http, health, serving, "SERVING")
+    finally:
+        running.stop_event.set()
+        await running.done

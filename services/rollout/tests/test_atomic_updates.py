@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 import torch
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlfleet_core.client import connect
 from rlfleet_core.models import resolve_model
 from rlfleet_core.testing import running_service
+from rlfleet_proto import ROLLOUT_SERVICE
 from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.service import SERVICE
 from rlfleet_weights.collective import GroupSpec, WeightGroup, send_weights
@@ -121,6 +124,26 @@ def _update_request(version: int, weights: dict[str, torch.Tensor]) -> Any:
         tensors=specs_of(weights),
         bucket_bytes=BUCKET_BYTES,
     )
+
+
+async def _health_becomes(channel: aio.Channel, http: httpx.AsyncClient, want: str) -> str:
+    """Poll (bounded) until gRPC health for "" and the rollout service says `want` and
+    /healthz agrees (200 or 503); returns /healthz's text."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    seen: list[object] = []
+    for _ in range(100):
+        names = [
+            health_pb2.HealthCheckResponse.ServingStatus.Name(
+                (await stub.Check(health_pb2.HealthCheckRequest(service=s), timeout=5)).status
+            )
+            for s in ("", ROLLOUT_SERVICE)
+        ]
+        reply = await http.get("/healthz")
+        seen = [names, reply.status_code, reply.text]
+        if names == [want, want] and reply.status_code == (200 if want == "SERVING" else 503):
+            return reply.text
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"health never became {want}; last seen {seen}")
 
 
 def _read_line(proc: subprocess.Popen[str], want: str, timeout_s: float) -> None:
@@ -219,7 +242,8 @@ async def test_update_killed_mid_transfer_keeps_the_previous_weights() -> None:
 @pytest.mark.asyncio
 async def test_vllm_load_failing_midway_refuses_to_serve_until_a_full_update() -> None:
     """vLLM cannot undo a load that failed after some tensors landed: it must refuse to
-    generate (it used to resume, serving a mix of two versions under the old number)."""
+    generate (it used to resume, serving a mix of two versions under the old number),
+    and its health must say NOT_SERVING (it used to stay SERVING) until it recovers."""
     pytest.importorskip("vllm")
     model_path = resolve_model("tiny")
     reference = Reference(model_path)
@@ -229,10 +253,12 @@ async def test_vllm_load_failing_midway_refuses_to_serve_until_a_full_update() -
         "model=tiny",
         "engine_config.max_model_len=512",
         "engine_config.kv_cache_bytes=134217728",
+        "server.health_poll_s=0.1",
     ]
     async with (
-        running_service(SERVICE, overrides) as running,
+        running_service(SERVICE, overrides, http=True) as running,
         connect(f"127.0.0.1:{running.grpc_port}", default_timeout_s=120) as channel,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{running.http_port}", timeout=10) as http,
     ):
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
 
@@ -262,6 +288,9 @@ async def test_vllm_load_failing_midway_refuses_to_serve_until_a_full_update() -
             await _greedy(stub)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
         assert info.value.code() == grpc.StatusCode.ABORTED, info.value.details()
+        # Health says so too (orchestrators watch it): NOT_SERVING, /healthz 503 with why.
+        text = await _health_becomes(channel, http, "NOT_SERVING")
+        assert text.startswith("NOT_SERVING: vllm engine: loading weight version 1 failed"), text
 
         # A later update either lands whole (then served, logprobs matching it) or fails
         # too (vLLM's in-place reload may not recover; then generation stays refused).
@@ -272,7 +301,9 @@ async def test_vllm_load_failing_midway_refuses_to_serve_until_a_full_update() -
             with pytest.raises(aio.AioRpcError) as refused:
                 await _greedy(stub)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            await _health_becomes(channel, http, "NOT_SERVING")
             return
+        await _health_becomes(channel, http, "SERVING")
         result = await _greedy(stub)
         assert result.weight_version_first == result.weight_version_last == 1
         assert _worst(list(result.logprobs), reference.logprobs(new, list(result.token_ids))) < 1e-4

@@ -4,8 +4,13 @@ Order matters and is the same for every service:
 1. bind the gRPC port (health NOT_SERVING) and the HTTP port *before* heavy start-up, so
    a port clash fails in milliseconds and orchestrators can watch health from the start;
 2. `service.start()` (load a model, warm a pool, ...), then health turns SERVING;
-3. on SIGTERM/SIGINT: health NOT_SERVING, stop taking new calls, let calls in flight
-   finish within `grace_s`, then `service.stop()`.
+3. while running, the bootstrap asks `service.not_serving_reason()` every
+   `server.health_poll_s`: a reason turns health NOT_SERVING (gRPC, for "" and each of
+   the service's names; /healthz answers 503 `NOT_SERVING: <reason>`), None turns it
+   back to SERVING (`rlfleet_core.health`). A service that can stop being able to serve
+   (a model left broken by a failed weight load) overrides it; `BaseService` says None;
+4. on SIGTERM/SIGINT: health NOT_SERVING for good, stop taking new calls, let calls in
+   flight finish within `grace_s`, then `service.stop()`.
 
 A service is a `ServiceDefinition` (name, config model, factory) whose factory builds an
 object implementing `Service`. `rlfleet serve <name>` and each package's own
@@ -32,7 +37,6 @@ import uvicorn
 from fastapi import FastAPI, Response
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import Field, field_validator, model_validator
@@ -46,6 +50,7 @@ from rlfleet_core.auth import (
 )
 from rlfleet_core.config import ConfigError, ConfigModel, load_config
 from rlfleet_core.errors import StartupError
+from rlfleet_core.health import ServiceHealth
 from rlfleet_core.interceptors import ServerInterceptor
 from rlfleet_core.logs import setup_logging
 from rlfleet_core.metrics import REGISTRY
@@ -70,6 +75,8 @@ class ServerConfig(ConfigModel):
     """Deadline for a unary call whose client set none."""
     max_timeout_s: float = Field(3600.0, gt=0)
     """Cap on any call's deadline, streams included."""
+    health_poll_s: float = Field(1.0, gt=0)
+    """How often health asks the service whether it can serve (`not_serving_reason`)."""
     max_concurrent_rpcs: int | None = Field(None, ge=1)
     """Calls handled at once; more are refused with RESOURCE_EXHAUSTED. None = no cap."""
     auth: Literal["auto", "token", "off"] = "auto"
@@ -122,6 +129,11 @@ class Service(Protocol):
     async def stop(self) -> None:
         """Release resources after the servers stopped."""
 
+    def not_serving_reason(self) -> str | None:
+        """None while the service can serve; otherwise why it cannot (health then says
+        NOT_SERVING). Polled every `server.health_poll_s` once `start` returned: must be
+        cheap and must not block."""
+
 
 class BaseService:
     """Convenience base: no HTTP routes, nothing to start or stop. Subclasses register
@@ -137,6 +149,9 @@ class BaseService:
         return None
 
     async def stop(self) -> None:
+        return None
+
+    def not_serving_reason(self) -> str | None:
         return None
 
 
@@ -174,16 +189,13 @@ def package_version(package: str) -> str:
         return "not installed"
 
 
-def _health_app(definition: ServiceDefinition, health: HealthServicer) -> FastAPI:
+def _health_app(definition: ServiceDefinition, health: ServiceHealth) -> FastAPI:
     app = FastAPI(title=f"rlfleet {definition.name}", version=package_version(definition.package))
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        request = health_pb2.HealthCheckRequest(service="")
-        status = (await health.Check(request, None)).status
-        serving = status == health_pb2.HealthCheckResponse.SERVING
-        name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-        return Response(content=name, status_code=200 if serving else 503, media_type="text/plain")
+        serving, text = await health.serving_text()
+        return Response(content=text, status_code=200 if serving else 503, media_type="text/plain")
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -228,8 +240,8 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
         ],
         maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
     )
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health = ServiceHealth(definition.grpc_services)
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     service.add_to_server(server)
     reflection.enable_server_reflection(
         (
@@ -248,8 +260,7 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
         raise OSError(
             f"cannot bind gRPC to {cfg.host}:{cfg.port} ({exc}); is the port in use?"
         ) from None
-    for name in ("", *definition.grpc_services):
-        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await health.set("starting")
     await server.start()
 
     http: _UvicornServer | None = None
@@ -303,8 +314,8 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
             await http_task
         await server.stop(0)
         raise
-    for name in ("", *definition.grpc_services):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await health.check(service.not_serving_reason)  # SERVING unless the service says not
+    follow = asyncio.create_task(health.follow(service.not_serving_reason, cfg.health_poll_s))
     logger.info(
         "serving",
         extra={
@@ -321,7 +332,8 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
     async def run_until_stopped() -> None:
         await stop_event.wait()
         logger.info("stopping", extra={"grace_s": cfg.grace_s})
-        await health.enter_graceful_shutdown()
+        follow.cancel()
+        await health.shut_down()
         if http is not None:
             http.should_exit = True
         await server.stop(cfg.grace_s)

@@ -2,7 +2,10 @@
 
 `rlfleet serve rollout --port P --http-port H engine=vllm model=tiny` (or
 `rlfleet-rollout ...`). The engine loads in `start()`, after the ports are bound, so
-health says NOT_SERVING while a model loads.
+health says NOT_SERVING while a model loads. It says NOT_SERVING again, with the
+engine's reason, while the engine refuses to generate (`serving=False` in its status:
+a vllm load that failed midway, a pool with no replica in rotation) and SERVING once a
+full weight update brought it back.
 """
 
 from __future__ import annotations
@@ -70,6 +73,15 @@ class RolloutService(BaseService):
             aliases=(self.config.model, str(self.model_path)),
         )
         logger.info("rollout engine %s serving %s", engine.name, self.model_path)
+
+    def not_serving_reason(self) -> str | None:
+        if self.engine is None:
+            return None  # not started: the bootstrap says NOT_SERVING until start() returns
+        status = self.engine.status()
+        if status.serving:
+            return None
+        why = status.not_serving_reason or "refuses to generate until a weight update lands"
+        return f"{self.engine.name} engine: {why}"
 
     async def stop(self) -> None:
         if self.engine is not None:

@@ -121,6 +121,8 @@ class EngineStatus:
     serving: bool = True
     """False while the engine refuses to generate: a failed update may have left its
     model a mix of two versions (vllm), or no replica is in rotation (pool)."""
+    not_serving_reason: str = ""
+    """Why, while `serving` is False (the service's health reports it)."""
 
 
 class ThroughputMeter:

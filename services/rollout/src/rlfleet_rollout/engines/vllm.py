@@ -20,8 +20,8 @@ In-flight weight update (NeMo-RL's recipe, with vLLM's own pause):
 All or nothing: the workers receive every tensor before loading any, so a transfer cut
 short changes nothing (ABORTED, previous version still served). A load that fails midway
 may leave a mix of two versions that cannot be undone here: the engine then refuses to
-generate (UNAVAILABLE, in-flight samples aborted, `serving=False` in its status) until a
-full update succeeds.
+generate (UNAVAILABLE, in-flight samples aborted, `serving=False` in its status, so the
+service's health says NOT_SERVING) until a full update succeeds.
 Prefix-cache blocks are also salted with the weight version (`cache_salt`): while
 requests in flight hold blocks, vLLM cannot reset its prefix cache, and a new request
 sharing a prompt prefix would otherwise reuse KV computed by the old weights (measured
@@ -402,4 +402,5 @@ class VllmEngine:
             tokens_per_s=self._meter.rate(),
             tokens_generated=self._meter.total,
             serving=self._broken is None,
+            not_serving_reason=self._broken or "",
         )
