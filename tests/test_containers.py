@@ -224,7 +224,10 @@ def test_sandbox_image_executes_over_http(sandbox_http: str) -> None:
 
         # A stateful ipython session (NeMo-Skills clients name sessions themselves); a
         # session belongs to the client key that made it.
-        session = {"X-Session-ID": "testcontainers-1", "x-rlfleet-client-key": "containers-test"}
+        session = {
+            "X-Session-ID": "testcontainers-1",
+            "x-rlfleet-client-key": "containers-test-client-key",
+        }
         first = client.post(
             "/execute", headers=session, json={"generated_code": "x = 41", "language": "ipython"}
         )
