@@ -9,6 +9,9 @@ against the real sandbox is still to be written.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,35 +40,46 @@ class SubprocessSandbox(sandbox_pb2_grpc.SandboxServiceServicer):
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "main.py"
             path.write_text(request.code)
+            # Its own process group, killed whole afterwards: the code harness forks,
+            # and a child that spins or ignores signals must not outlive the call.
+            proc = subprocess.Popen(
+                [sys.executable, "-I", str(path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=folder,
+                start_new_session=True,
+            )
             try:
-                proc = subprocess.run(
-                    [sys.executable, "-I", str(path)],
-                    input=request.stdin,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout_s,
-                    cwd=folder,
-                )
-            except subprocess.TimeoutExpired as exc:
+                stdout, stderr = proc.communicate(request.stdin, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                stdout, _ = proc.communicate()
                 return sandbox_pb2.ExecuteResult(
                     status=sandbox_pb2.EXEC_STATUS_TIMEOUT,
                     exit_code=-9,
                     signal=9,
-                    stdout=(exc.stdout or b"").decode()
-                    if isinstance(exc.stdout, bytes)
-                    else (exc.stdout or ""),
+                    stdout=stdout or "",
                     wall_time_s=time.perf_counter() - start,
                 )
+            finally:
+                _kill_group(proc)
         status = (
             sandbox_pb2.EXEC_STATUS_OK if proc.returncode == 0 else sandbox_pb2.EXEC_STATUS_ERROR
         )
         return sandbox_pb2.ExecuteResult(
             status=status,
-            stdout=proc.stdout,
-            stderr=proc.stderr,
+            stdout=stdout,
+            stderr=stderr,
             exit_code=proc.returncode,
             wall_time_s=time.perf_counter() - start,
         )
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def start_sandbox_double(workers: int = 8) -> tuple[grpc.Server, int, SubprocessSandbox]:
