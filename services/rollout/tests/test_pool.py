@@ -16,15 +16,12 @@ each step too, so a stall fails with the step and the scenario's output.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Any
 
 import pytest
+from rollout_scenarios import run_scenario
 
 # The heavy imports (torch, transformers, the service) happen in the scenario's own
 # interpreter only: importing them here too cost ~20 s of the test's time on 2 cores.
@@ -40,24 +37,7 @@ killed with the scenario's session instead of leaking."""
 
 @pytest.mark.timeout(SCENARIO_TIMEOUT_S + 90)
 def test_two_hf_replicas_balance_and_update_together() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, __file__],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=SCENARIO_TIMEOUT_S + 60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"scenario still running after {SCENARIO_TIMEOUT_S + 60:g}s:\n{out[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out[-4000:]
-    assert "scenario passed" in out
+    out = run_scenario(__file__, timeout_s=SCENARIO_TIMEOUT_S)
     print(out[-1000:])  # step timings (shown with -s)
 
 

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import pytest
+from rollout_scenarios import run_scenario
 
 pytestmark = pytest.mark.slow
 
@@ -46,24 +47,7 @@ time.sleep(600)
 
 @pytest.mark.timeout(SCENARIO_TIMEOUT_S + 90)
 def test_pool_update_killed_mid_transfer_keeps_every_replica_on_the_previous_version() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, __file__],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=SCENARIO_TIMEOUT_S + 60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"scenario still running after {SCENARIO_TIMEOUT_S + 60:g}s:\n{out[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out[-4000:]
-    assert "scenario passed" in out
+    run_scenario(__file__, timeout_s=SCENARIO_TIMEOUT_S)
 
 
 async def scenario() -> None:

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import pytest
+from rollout_scenarios import run_scenario
 
 pytestmark = pytest.mark.slow
 
@@ -64,41 +65,19 @@ time.sleep(600)
 """
 
 
-def run_scenario(mode: str) -> str:
-    proc = subprocess.Popen(
-        [sys.executable, __file__, mode],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=SCENARIO_TIMEOUT_S + 60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"scenario still running after {SCENARIO_TIMEOUT_S + 60:g}s:\n{out[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out[-4000:]
-    assert "scenario passed" in out
-    return out
-
-
 @pytest.mark.timeout(SCENARIO_TIMEOUT_S + 90)
 def test_pool_replica_past_update_deadline_leaves_rotation_then_rejoins() -> None:
-    print(run_scenario("deadline")[-1500:])
+    print(run_scenario(__file__, "deadline", timeout_s=SCENARIO_TIMEOUT_S)[-1500:])
 
 
 @pytest.mark.timeout(SCENARIO_TIMEOUT_S + 90)
 def test_pool_killed_replica_leaves_rotation_and_the_other_serves_the_new_version() -> None:
-    print(run_scenario("killed")[-1500:])
+    print(run_scenario(__file__, "killed", timeout_s=SCENARIO_TIMEOUT_S)[-1500:])
 
 
 @pytest.mark.timeout(SCENARIO_TIMEOUT_S + 90)
 def test_pool_update_landing_after_the_deadline_is_never_served() -> None:
-    print(run_scenario("late")[-1500:])
+    print(run_scenario(__file__, "late", timeout_s=SCENARIO_TIMEOUT_S)[-1500:])
 
 
 def replica_pids() -> list[int]:
