@@ -17,24 +17,13 @@ from rlfleet_proto.v1 import reward_pb2
 from rlfleet_trainer.collector import FailureBudget
 from rlfleet_trainer.ledger import Ledger
 from rlfleet_trainer.run import run_stage
+from rlfleet_trainer.testing import letter_rows as rows
 from rlfleet_trainer.testing import serve_doubles
 
 TIMEOUT = reward_pb2.FAILURE_KIND_TIMEOUT
 SANDBOX = reward_pb2.FAILURE_KIND_SANDBOX_ERROR
 OVERLOADED = reward_pb2.FAILURE_KIND_OVERLOADED
 VERIFIER = reward_pb2.FAILURE_KIND_VERIFIER_ERROR
-
-
-def rows(n: int = 12) -> list[dict[str, object]]:
-    return [
-        {
-            "id": f"r{i}",
-            "responses_create_params": {"input": [{"role": "user", "content": f"write e {i}"}]},
-            "env": "letters",
-            "target_chars": "e",
-        }
-        for i in range(n)
-    ]
 
 
 def recipe(model: Path, rollout: str, reward: str, *overrides: str) -> RecipeConfig:

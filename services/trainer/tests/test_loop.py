@@ -13,19 +13,8 @@ from rlfleet_core.config import load_config
 from rlfleet_trainer.checkpoint import list_checkpoints
 from rlfleet_trainer.ledger import Ledger, verify_ledger
 from rlfleet_trainer.run import build_context, run_stage
+from rlfleet_trainer.testing import letter_rows as rows
 from rlfleet_trainer.testing import serve_doubles
-
-
-def rows(n: int = 12) -> list[dict[str, object]]:
-    return [
-        {
-            "id": f"r{i}",
-            "responses_create_params": {"input": [{"role": "user", "content": f"write e {i}"}]},
-            "env": "letters",
-            "target_chars": "e",
-        }
-        for i in range(n)
-    ]
 
 
 def recipe(model: Path, rollout: str, reward: str, *overrides: str) -> RecipeConfig:

@@ -213,6 +213,19 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.ResumeResponse()
 
 
+def letter_rows(n: int = 12) -> list[dict[str, Any]]:
+    """`n` prompt rows for `DoubleReward` (reward = share of "e" in the answer)."""
+    return [
+        {
+            "id": f"r{i}",
+            "responses_create_params": {"input": [{"role": "user", "content": f"write e {i}"}]},
+            "env": "letters",
+            "target_chars": "e",
+        }
+        for i in range(n)
+    ]
+
+
 class DoubleReward(reward_pb2_grpc.RewardServiceServicer):
     def __init__(self) -> None:
         self.calls = 0
