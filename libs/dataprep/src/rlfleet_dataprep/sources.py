@@ -20,6 +20,8 @@ from typing import Any
 
 from rlfleet_contracts.rows import DataError, Row
 
+from rlfleet_dataprep.long_context import fill_long_context
+
 
 def _user_prompt(text: str, system: str = "") -> dict[str, Any]:
     messages = [{"role": "system", "content": system}] if system else []
@@ -126,6 +128,7 @@ FILLERS: dict[str, Callable[[dict[str, Any]], Row]] = {
     "reasoning_gym": fill_reasoning_gym,
     "human_eval": fill_human_eval,
     "ifbench": fill_ifbench,
+    "long_context": fill_long_context,
 }
 
 

@@ -26,6 +26,7 @@ from rlfleet_reward.environments.tool_use import decode_arguments
 from rlfleet_reward.gateway import Gateway
 from rlfleet_reward.limits import JsonCheck, NotJson, TooLarge, check_size, loads
 from rlfleet_reward.text import split_reasoning
+from rlfleet_reward.tool_routes import add_tool_routes
 from rlfleet_reward.types import Overloaded, Sample, Score, ToolCall
 
 _RESPONSE_KEYS = (
@@ -209,6 +210,7 @@ def parse_request(raw: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], Sam
 
 def add_routes(app: FastAPI, gateway: Gateway) -> None:
     limits = gateway.config.limits
+    add_tool_routes(app, gateway)
 
     async def verify(env: str | None, request: Request) -> JSONResponse:
         label = env or "?"

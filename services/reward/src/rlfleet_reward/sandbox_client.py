@@ -5,14 +5,20 @@
 wedged sandbox costs one bounded wait, never a hung reward call (NeMo-RL PR #3666).
 Transport failures become `SandboxUnavailable`, which the environment reports as a
 SANDBOX_ERROR failure rather than as a wrong program.
+
+Stateful sessions (the `math_with_code` tool, python_tool.py) belong to the client key
+this client sends as `x-rlfleet-client-key` metadata on every call: a random secret per
+client unless one is given, so no other caller of the sandbox can reach its sessions.
 """
 
 from __future__ import annotations
 
 import enum
+import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
+import grpc
 from grpc import aio
 from rlfleet_core.client import RetryPolicy, connect
 from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
@@ -50,6 +56,17 @@ class SandboxUnavailable(RuntimeError):
     """The sandbox could not run the program (unreachable, deadline, internal error)."""
 
 
+class SessionGone(SandboxUnavailable):
+    """The session does not exist any more (closed, or expired after its idle timeout)."""
+
+
+class SandboxBusy(SandboxUnavailable):
+    """The sandbox refused a new session: its session limits are reached (retry later)."""
+
+
+CLIENT_KEY_METADATA = "x-rlfleet-client-key"
+
+
 class SandboxClient(Protocol):
     async def execute(self, code: str, *, stdin: str = "", timeout_s: float) -> ExecOutcome:
         """Run a Python program; `timeout_s` is its wall-clock limit."""
@@ -67,8 +84,10 @@ class GrpcSandboxClient:
         call_overhead_s: float = 5.0,
         memory_bytes: int = 1 << 30,
         max_output_bytes: int = 1 << 20,
+        client_key: str | None = None,
     ) -> None:
         self.target = target
+        self._metadata = ((CLIENT_KEY_METADATA, client_key or secrets.token_urlsafe(32)),)
         self.call_overhead_s = call_overhead_s
         self.memory_bytes = memory_bytes
         self.max_output_bytes = max_output_bytes
@@ -77,7 +96,10 @@ class GrpcSandboxClient:
         )
         self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
 
-    async def execute(self, code: str, *, stdin: str = "", timeout_s: float) -> ExecOutcome:
+    async def execute(
+        self, code: str, *, stdin: str = "", timeout_s: float, session_id: str = ""
+    ) -> ExecOutcome:
+        """Run `code` (inside session `session_id` when given: SessionGone if it is gone)."""
         request = sandbox_pb2.ExecuteRequest(
             language=sandbox_pb2.LANGUAGE_PYTHON,
             code=code,
@@ -87,15 +109,58 @@ class GrpcSandboxClient:
                 memory_bytes=self.memory_bytes,
                 max_output_bytes=self.max_output_bytes,
             ),
+            session_id=session_id,
         )
         try:
-            reply = await self._stub.Execute(request, timeout=timeout_s + self.call_overhead_s)
+            reply = await self._stub.Execute(
+                request, timeout=timeout_s + self.call_overhead_s, metadata=self._metadata
+            )
         except aio.AioRpcError as exc:
+            if session_id and exc.code() is grpc.StatusCode.NOT_FOUND:
+                raise SessionGone(f"sandbox session {session_id} is gone: {exc.details()}") from None
             raise SandboxUnavailable(
                 f"sandbox {self.target} Execute failed: {exc.code().name}: {exc.details()}"
             ) from None
         status = _FROM_PROTO.get(reply.status, ExecStatus.SANDBOX_ERROR)
         return ExecOutcome(status, reply.stdout, reply.stderr, reply.exit_code, reply.wall_time_s)
+
+    async def create_session(self, *, idle_timeout_s: float, timeout_s: float) -> str:
+        """Open a stateful Python session owned by this client; its id. `timeout_s` is
+        the limit of each call in it; SandboxBusy when the sandbox's session limits are
+        reached."""
+        request = sandbox_pb2.CreateSessionRequest(
+            limits=sandbox_pb2.Limits(
+                timeout_s=timeout_s,
+                memory_bytes=self.memory_bytes,
+                max_output_bytes=self.max_output_bytes,
+            ),
+            idle_timeout_s=idle_timeout_s,
+        )
+        try:
+            # Starting a session starts its sandbox: allow for it like for a program start.
+            reply = await self._stub.CreateSession(
+                request, timeout=self.call_overhead_s + timeout_s, metadata=self._metadata
+            )
+        except aio.AioRpcError as exc:
+            kind = SandboxBusy if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED else None
+            raise (kind or SandboxUnavailable)(
+                f"sandbox {self.target} CreateSession failed: {exc.code().name}: {exc.details()}"
+            ) from None
+        return str(reply.session_id)
+
+    async def close_session(self, session_id: str) -> bool:
+        """Close session `session_id`; whether it still existed."""
+        try:
+            reply = await self._stub.CloseSession(
+                sandbox_pb2.CloseSessionRequest(session_id=session_id),
+                timeout=self.call_overhead_s,
+                metadata=self._metadata,
+            )
+        except aio.AioRpcError as exc:
+            raise SandboxUnavailable(
+                f"sandbox {self.target} CloseSession failed: {exc.code().name}: {exc.details()}"
+            ) from None
+        return bool(reply.existed)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -21,6 +21,10 @@ _REGISTRY: dict[str, str] = {
     "code": "rlfleet_reward.environments.code:CodeEnvironment",
     "tool_use": "rlfleet_reward.environments.tool_use:ToolUseEnvironment",
     "low_effort": "rlfleet_reward.environments.low_effort:LowEffortEnvironment",
+    "long_context": "rlfleet_reward.environments.long_context:LongContextEnvironment",
+    "multi_challenge": "rlfleet_reward.environments.multi_challenge:MultiChallengeEnvironment",
+    "math_with_code": "rlfleet_reward.environments.math_with_code:MathWithCodeEnvironment",
+    "math_formal_lean": "rlfleet_reward.environments.math_formal_lean:MathFormalLeanEnvironment",
 }
 
 ENVIRONMENT_NAMES: tuple[str, ...] = tuple(_REGISTRY)

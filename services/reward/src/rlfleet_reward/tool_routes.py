@@ -1,0 +1,106 @@
+"""Tool routes of environments whose policy calls tools during an episode (NeMo-Gym's
+`POST /{tool_name}` of a resources server, here under the environment's prefix):
+
+- `POST /math_with_code/execute_python` `{"code": "..."}` -> ExecutePythonResponse
+  (python_tool.py): runs the code in the episode's stateful sandbox session.
+- `POST /math_with_code/end_session` -> `{"success": true, "existed": bool}`: closes it.
+
+The episode is named by the `X-Session-ID` header (1-128 of A-Z a-z 0-9 _ . : -); pick a
+random one per episode, as it is all that separates one episode's state from another's.
+Errors: 422 naming the field (`code`, `x-session-id`) for a malformed call, 404 when the
+environment is not enabled, 429 when the session limits are reached, 503 when no
+sandbox is configured (`sandbox.target`) or it cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from rlfleet_reward.gateway import Gateway
+from rlfleet_reward.python_tool import EPISODE_KEY, PythonToolSessions
+from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy, SandboxUnavailable
+
+SESSION_HEADER = "x-session-id"
+_TOOL_ENV = "math_with_code"
+
+
+def _error(status: int, field: str, problem: str) -> JSONResponse:
+    loc = ["header", field] if field == SESSION_HEADER else ["body", field]
+    detail = [{"loc": loc, "msg": problem, "type": "value_error"}]
+    return JSONResponse(status_code=status, content={"detail": detail, "field": field})
+
+
+def add_tool_routes(app: FastAPI, gateway: Gateway) -> None:
+    """Add the tool routes of the enabled tool-using environments to `app`."""
+    if _TOOL_ENV not in gateway.enabled:
+        return
+    sessions: list[PythonToolSessions] = []  # made on first use: no channel unless needed
+
+    def tool_sessions() -> PythonToolSessions | None:
+        if not sessions and gateway.config.sandbox.target:
+            sandbox = gateway.config.sandbox
+            client = GrpcSandboxClient(
+                sandbox.target,
+                call_overhead_s=sandbox.call_overhead_s,
+                memory_bytes=sandbox.memory_bytes,
+            )
+            sessions.append(PythonToolSessions(client))
+        return sessions[0] if sessions else None
+
+    async def call(
+        request: Request, work: Callable[[PythonToolSessions, str, dict[str, Any]], Awaitable[Any]]
+    ) -> JSONResponse:
+        key = request.headers.get(SESSION_HEADER, "")
+        if not EPISODE_KEY.match(key):
+            return _error(422, SESSION_HEADER, "required: the episode's id, 1-128 of A-Za-z0-9_.:-")
+        raw = await request.body()
+        limit = gateway.config.limits.max_request_bytes
+        if len(raw) > limit:
+            return _error(413, "", f"body over limits.max_request_bytes ({limit})")
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return _error(422, "", "the body must be a JSON object")
+        if not isinstance(body, dict):
+            return _error(422, "", "the body must be a JSON object")
+        tools = tool_sessions()
+        if tools is None:
+            return JSONResponse(
+                status_code=503,
+                content={"detail": f"{_TOOL_ENV} tools need a sandbox: set sandbox.target"},
+            )
+        try:
+            return JSONResponse(await work(tools, key, body))
+        except SandboxBusy as exc:
+            return JSONResponse(
+                status_code=429, content={"detail": str(exc)}, headers={"Retry-After": "1"}
+            )
+        except SandboxUnavailable as exc:
+            return JSONResponse(status_code=503, content={"detail": str(exc)})
+        except ValueError as exc:
+            field, _, problem = str(exc).partition(": ")
+            return _error(422, field, problem)
+
+    async def execute(tools: PythonToolSessions, key: str, body: dict[str, Any]) -> Any:
+        code = body.get("code")
+        if not isinstance(code, str):
+            raise ValueError("code: required: the Python program to run, as a string")
+        if len(code) > tools.limits.max_code_chars:
+            raise ValueError(f"code: longer than {tools.limits.max_code_chars} characters")
+        return await tools.execute(key, code)
+
+    async def end(tools: PythonToolSessions, key: str, body: dict[str, Any]) -> Any:
+        return {"success": True, "existed": await tools.end(key)}
+
+    @app.post(f"/{_TOOL_ENV}/execute_python")
+    async def execute_python(request: Request) -> JSONResponse:
+        return await call(request, execute)
+
+    @app.post(f"/{_TOOL_ENV}/end_session")
+    async def end_session(request: Request) -> JSONResponse:
+        return await call(request, end)
