@@ -20,7 +20,8 @@ are normalised: Unicode NFKC, case folded, whitespace collapsed, surrounding quo
 brackets, backticks, asterisks and a final period removed; numbers compare by value
 ("1,250" = "1250" = "1250.0"). A list answer splits on commas, semicolons and " and ".
 An answer over 1,000 characters (a model echoing the document) scores 0 with verdict
-`answer_too_long`; only the response's last 20,000 characters are searched.
+`answer_too_long`. Extraction is linear in the response's length (at most
+`limits.max_response_chars`).
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from rlfleet_reward.types import RowError, Sample, Score, binary
 
 MAX_ANSWER_CHARS = 1_000
 """Longest extracted answer that is compared; longer ones score 0 (answer_too_long)."""
-TAIL_CHARS = 20_000
-"""How much of the response's end is searched for the answer."""
 MAX_EXPECTED_ITEMS = 1_000
 
 _EDGES = "\"'`*[](){}<>“”‘’«»"
@@ -80,14 +79,13 @@ def split_list(text: str) -> list[str]:
 
 def extract_answer(text: str) -> str | None:
     """The final answer of a response, or None (see the module docstring)."""
-    tail = text[-TAIL_CHARS:]
-    line = final_answer_line(tail)
+    line = final_answer_line(text)
     if line is not None:
         return line
-    boxed = find_boxed(tail)
+    boxed = find_boxed(text)
     if boxed:
         return boxed[-1]
-    stripped = tail.strip()
+    stripped = text.strip()
     if stripped and "\n" not in stripped and len(stripped) <= 200:
         return stripped
     return None

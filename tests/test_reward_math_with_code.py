@@ -1,0 +1,209 @@
+"""Cross-service: `math_with_code`'s Python tool against the real sandbox service.
+
+Both services run as their own processes on loopback. A scripted episode calls the tool
+the way a policy would (POST /math_with_code/execute_python with the episode's
+X-Session-ID), reads the results, and ends with a boxed answer that the gateway scores
+over HTTP (NeMo-Gym verify shape) and gRPC. State persists within an episode and is
+invisible to another; errors and timeouts come back as tool results, not HTTP errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from rlfleet_core.client import check_health
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
+
+pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(module: str, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, "--port", str(port), *args],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    target = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"{module} exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if check_health(target, timeout_s=1.0) == "SERVING":
+                return process, target
+        except grpc.RpcError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    pytest.fail(f"{module} not SERVING after 120 s: {log.read_text()[-2000:]}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+@dataclass
+class Services:
+    grpc_target: str
+    http: httpx.Client
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    tmp = tmp_path_factory.mktemp("math-with-code")
+    sandbox, sandbox_target = _start("rlfleet_sandbox", [], tmp / "sandbox.log")
+    try:
+        with grpc.insecure_channel(sandbox_target) as channel:
+            probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
+                sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="print(1)"),
+                timeout=30,
+            )
+        if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
+            pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
+        http_port = _free_port()
+        reward, reward_target = _start(
+            "rlfleet_reward",
+            [
+                "--http-port",
+                str(http_port),
+                "environments=[math_with_code]",
+                "pool.workers=1",
+                f"sandbox.target={sandbox_target}",
+            ],
+            tmp / "reward.log",
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as client:
+                yield Services(reward_target, client)
+        finally:
+            _stop(reward)
+    finally:
+        _stop(sandbox)
+
+
+def _tool(services: Services, episode: str, code: str) -> dict[str, Any]:
+    reply = services.http.post(
+        "/math_with_code/execute_python", json={"code": code}, headers={"x-session-id": episode}
+    )
+    assert reply.status_code == 200, reply.text
+    result: dict[str, Any] = reply.json()
+    return result
+
+
+def _episode_response(calls: list[tuple[str, dict[str, Any]]], final: str) -> dict[str, Any]:
+    """The Responses object of an episode: each tool call with its output, then the answer."""
+    output: list[dict[str, Any]] = []
+    for i, (code, result) in enumerate(calls):
+        call_id = f"call_{i}"
+        output.append(
+            {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": "execute_python",
+                "arguments": json.dumps({"code": code}),
+            }
+        )
+        output.append(
+            {"type": "function_call_output", "call_id": call_id, "output": json.dumps(result)}
+        )
+    output.append(
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": final}],
+        }
+    )
+    return {"id": "resp_1", "output": output}
+
+
+def test_scripted_episode_executes_python_and_scores_the_boxed_answer(
+    services: Services,
+) -> None:
+    episode = secrets.token_hex(8)
+    first = "import math\nways = math.comb(10, 3)\nprint(ways)"
+    result1 = _tool(services, episode, first)
+    assert result1["success"] is True and result1["stdout"] == "120\n", result1
+    # The session keeps state between calls; a trailing expression is echoed.
+    result2 = _tool(services, episode, "ways * 2")
+    assert result2["success"] is True and result2["stdout"].strip() == "240", result2
+    result3 = _tool(services, episode, "ways / 0")
+    assert result3["success"] is False and "ZeroDivisionError" in result3["error_message"]
+    assert _tool(services, episode, "print(ways + 1)")["stdout"] == "121\n"  # kept past an error
+
+    row = {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": "Twice the number of 3-subsets of 10 items?"}]
+        },
+        "expected_result": "240",
+        "expected_code_contains": "",
+    }
+    calls = [(first, result1), ("ways * 2", result2)]
+    for final, reward in ((r"So the answer is \boxed{240}.", 1.0), (r"\boxed{120}", 0.0)):
+        body = {**row, "response": _episode_response(calls, final)}
+        reply = services.http.post("/math_with_code/verify", json=body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["reward"] == reward, reply.json()
+        with grpc.insecure_channel(services.grpc_target) as channel:
+            scored = reward_pb2_grpc.RewardServiceStub(channel).Score(
+                reward_pb2.ScoreRequest(
+                    env="math_with_code",
+                    row_json=json.dumps(row),
+                    response=reward_pb2.Response(text=final),
+                ),
+                timeout=60,
+            )
+        assert scored.failure_kind == 0 and scored.reward == reward, scored.failure_reason
+
+    ended = services.http.post("/math_with_code/end_session", headers={"x-session-id": episode})
+    assert ended.status_code == 200 and ended.json() == {"success": True, "existed": True}
+    again = services.http.post("/math_with_code/end_session", headers={"x-session-id": episode})
+    assert again.json() == {"success": True, "existed": False}
+    fresh = _tool(services, episode, "print(ways)")  # a new session: the old state is gone
+    assert fresh["success"] is False and "NameError" in fresh["error_message"]
+
+
+def test_episodes_do_not_share_state(services: Services) -> None:
+    one, two = secrets.token_hex(8), secrets.token_hex(8)
+    assert _tool(services, one, "secret = 41")["success"] is True
+    leaked = _tool(services, two, "print(secret)")
+    assert leaked["success"] is False and "NameError" in leaked["error_message"]
+    assert _tool(services, one, "print(secret + 1)")["stdout"] == "42\n"
+
+
+def test_a_cell_that_never_ends_is_a_tool_result_and_the_episode_goes_on(
+    services: Services,
+) -> None:
+    episode = secrets.token_hex(8)
+    assert _tool(services, episode, "n = 6")["success"] is True
+    stuck = _tool(services, episode, "while True:\n    pass")
+    assert stuck["success"] is False and "timed out" in stuck["error_message"], stuck
+    after = _tool(services, episode, "print(7 * 6)")
+    assert after["success"] is True and after["stdout"] == "42\n", after
