@@ -47,14 +47,29 @@ LONG_CONTEXT = [
     Case("list-extra-one", lc_row(["12", "34"]), "Final Answer: 12, 34, 99", 0.0),
     Case("list-repeated", lc_row(["12", "34"]), "Final Answer: 12, 34, 34", 0.0),
     Case("substring-is-wrong", lc_row("123"), "Final Answer: 1234", 0.0),
-    Case("no-answer", lc_row("1"), "I could not find it.\nSorry about that.", 0.0,
-         info={"verdict": "no_answer"}),  # fmt: skip
+    Case(
+        "no-answer",
+        lc_row("1"),
+        "I could not find it.\nSorry about that.",
+        0.0,
+        info={"verdict": "no_answer"},
+    ),
     Case("empty-response", lc_row("1"), "", 0.0, info={"verdict": "no_answer"}),
-    Case("echoed-document", lc_row("1"), "Final Answer: " + _DOC, 0.0,
-         info={"verdict": "answer_too_long"}),  # fmt: skip
+    Case(
+        "echoed-document",
+        lc_row("1"),
+        "Final Answer: " + _DOC,
+        0.0,
+        info={"verdict": "answer_too_long"},
+    ),
     Case("deep-nesting", lc_row("1"), "Final Answer: " + "[" * 400 + "1" + "]" * 400, 1.0),
-    Case("deep-nesting-too-long", lc_row("1"), "Final Answer: " + "[" * 5000 + "1", 0.0,
-         info={"verdict": "answer_too_long"}),  # fmt: skip
+    Case(
+        "deep-nesting-too-long",
+        lc_row("1"),
+        "Final Answer: " + "[" * 5000 + "1",
+        0.0,
+        info={"verdict": "answer_too_long"},
+    ),
     Case("missing-expected", {"task": "niah_single"}, "1", invalid_field="row.expected_answer"),
     Case("empty-expected", lc_row("  "), "1", invalid_field="row.expected_answer"),
     Case("empty-list", lc_row([]), "1", invalid_field="row.expected_answer"),
@@ -95,15 +110,21 @@ _GOOD = "Priya how about Squeaky Bone for Biscuit?"
 
 MULTI_CHALLENGE = [
     Case("all-kept", mc_row(_FULL), _GOOD, 1.0, info={"num_passed": "3/3"}),
-    Case("comma-from-turn-1", mc_row(_FULL), "Priya, how about Squeaky Bone for Biscuit?", 0.0,
-         info={"failed": "turn1:punctuation:no_comma"}),  # fmt: skip
+    Case(
+        "comma-from-turn-1",
+        mc_row(_FULL),
+        "Priya, how about Squeaky Bone for Biscuit?",
+        0.0,
+        info={"failed": "turn1:punctuation:no_comma"},
+    ),
     Case("forgot-the-dog", mc_row(_FULL), "Priya how about Squeaky Bone?", 0.0),
     Case("fraction", mc_row(_FULL, grading_mode="fraction"), "Priya how about a ball?", 2 / 3),
     Case("fraction-all", mc_row(_FULL, grading_mode="fraction"), _GOOD, 1.0),
     Case("fraction-none", mc_row(_FULL, grading_mode="fraction"), "Ball, rope.", 0.0),
     Case("russian-kept", mc_row([_RUSSIAN], _RUSSIAN_CHAT), "Приготовьте борщ с хлебом.", 1.0),
-    Case("russian-with-name", mc_row([_RUSSIAN], _RUSSIAN_CHAT), "Приготовьте борщ, как в Kyiv.",
-         1.0),  # fmt: skip
+    Case(
+        "russian-with-name", mc_row([_RUSSIAN], _RUSSIAN_CHAT), "Приготовьте борщ, как в Kyiv.", 1.0
+    ),
     Case("russian-forgotten", mc_row([_RUSSIAN], _RUSSIAN_CHAT), "Cook some borscht.", 0.0),
     Case("script-of-empty", mc_row([_RUSSIAN], _RUSSIAN_CHAT), "", 0.0),
     Case(
@@ -111,9 +132,12 @@ MULTI_CHALLENGE = [
         mc_row(
             [
                 {"instruction_id": "change_case:english_lowercase", "turn": 1},
-                {"instruction_id": "length_constraints:number_words",
-                 "kwargs": {"num_words": 5, "relation": "less than"}, "turn": 2},
-            ]  # fmt: skip
+                {
+                    "instruction_id": "length_constraints:number_words",
+                    "kwargs": {"num_words": 5, "relation": "less than"},
+                    "turn": 2,
+                },
+            ]
         ),
         "squeaky bone for biscuit",
         1.0,
@@ -147,8 +171,12 @@ MULTI_CHALLENGE = [
         "x",
         invalid_field="row.rubric[0].kwargs.script",
     ),
-    Case("turn-out-of-range", mc_row([{**_NO_COMMA, "turn": 3}]), "x",
-         invalid_field="row.rubric[0].turn"),  # fmt: skip
+    Case(
+        "turn-out-of-range",
+        mc_row([{**_NO_COMMA, "turn": 3}]),
+        "x",
+        invalid_field="row.rubric[0].turn",
+    ),
     Case(
         "single-turn",
         mc_row([_NO_COMMA], conversation("Never use commas.")),
@@ -169,14 +197,28 @@ MATH_WITH_CODE = [
     Case("expected-answer-alias", mwc_row("7", "expected_answer"), r"\boxed{7}", 1.0),
     Case("wrong", mwc_row("32"), r"\boxed{31}", 0.0, info={"verdict": "wrong"}),
     Case("no-answer", mwc_row("32"), "Let me run more code.", 0.0),
-    Case("deep-nesting", mwc_row("1"), r"\boxed{" + "(" * 40 + "1" + ")" * 40 + "}", 0.0,
-         info={"verdict": "answer_too_complex"}),  # fmt: skip
-    Case("huge-answer", mwc_row("1"), r"\boxed{" + "1" * 100_000 + "}", 0.0,
-         info={"verdict": "answer_too_long"}),  # fmt: skip
+    Case(
+        "deep-nesting",
+        mwc_row("1"),
+        r"\boxed{" + "(" * 40 + "1" + ")" * 40 + "}",
+        0.0,
+        info={"verdict": "answer_too_complex"},
+    ),
+    Case(
+        "huge-answer",
+        mwc_row("1"),
+        r"\boxed{" + "1" * 100_000 + "}",
+        0.0,
+        info={"verdict": "answer_too_long"},
+    ),
     Case("missing-expected", {"question": "q"}, "1", invalid_field="row.expected_result"),
     Case("empty-expected", mwc_row(""), "1", invalid_field="row.expected_result"),
-    Case("bad-code-contains", {"expected_result": "1", "expected_code_contains": 3}, "1",
-         invalid_field="row.expected_code_contains"),  # fmt: skip
+    Case(
+        "bad-code-contains",
+        {"expected_result": "1", "expected_code_contains": 3},
+        "1",
+        invalid_field="row.expected_code_contains",
+    ),
 ]
 
 NEW_CASES = {

@@ -6,7 +6,9 @@ against the real sandbox in tests/test_reward_math_with_code.py at the repo root
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,7 +19,7 @@ from new_env_cases import NEW_CASES
 from reward_support import RewardServer, nemo_response, score_request
 from rlfleet_proto.v1 import reward_pb2_grpc
 from rlfleet_reward.environments import ENVIRONMENT_NAMES, get_environment
-from rlfleet_reward.environments.math_formal_lean import LEAN_MISSING
+from rlfleet_reward.environments.math_formal_lean import LEAN_MISSING, LeanUnavailable
 from rlfleet_reward.types import FailureKind, RowError, Sample
 
 PARAMS = [
@@ -157,3 +159,39 @@ def test_tool_route_answers_503_when_the_sandbox_has_no_sessions(http: httpx.Cli
     )
     assert reply.status_code == 503, reply.text
     assert "CreateSession" in reply.json()["detail"]
+
+
+_NEMO_GYM_SRC = os.environ.get("RLFLEET_NEMO_GYM_SRC")
+
+
+def _example_rows(server: str) -> list[dict[str, Any]]:
+    if not _NEMO_GYM_SRC:
+        pytest.skip("set RLFLEET_NEMO_GYM_SRC to NeMo-Gym's sources to read its example rows")
+    path = Path(_NEMO_GYM_SRC) / "resources_servers" / server / "data" / "example.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_nemo_gym_math_with_code_example_rows_load_and_score() -> None:
+    env = get_environment("math_with_code")
+    verdicts = []
+    for row in _example_rows("math_with_code"):
+        boxed = f"\\boxed{{{row['expected_result']}}}"
+        verdicts.append(env.score(env.parse_row(row), Sample(boxed)).info["verdict"])
+    # Known: math's answer_limits joins `^{2016}}{6}` into the exponent 20166 and refuses
+    # the second example's own gold answer (reported; answer_limits.py is math's).
+    assert verdicts == ["correct", "answer_too_complex", "correct", "correct", "correct"]
+
+
+def test_nemo_gym_lean_example_rows_pass_the_row_check_and_are_refused() -> None:
+    env = get_environment("math_formal_lean")
+    for row in _example_rows("math_formal_lean"):
+        with pytest.raises(LeanUnavailable):
+            env.parse_row(row)
+
+
+def test_nemo_gym_multichallenge_rows_are_refused_as_judge_graded() -> None:
+    env = get_environment("multi_challenge")
+    for row in _example_rows("multichallenge"):
+        with pytest.raises(RowError, match="needs an LLM judge") as err:
+            env.parse_row(row)
+        assert err.value.field == "rubric[0]"

@@ -20,6 +20,7 @@ words, so the answer's list splitting and number normalisation are unambiguous.
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -51,10 +52,33 @@ _FILLER = (
     "Children played near the fountain in the square.",
 )
 _WORDS = (
-    "amber", "basil", "cobalt", "dune", "ember", "fjord", "garnet", "harbor", "indigo",
-    "juniper", "kestrel", "lagoon", "meadow", "nectar", "onyx", "pebble", "quartz", "raven",
-    "saffron", "tundra", "umber", "velvet", "willow", "xenon", "yarrow", "zephyr",
-)  # fmt: skip
+    "amber",
+    "basil",
+    "cobalt",
+    "dune",
+    "ember",
+    "fjord",
+    "garnet",
+    "harbor",
+    "indigo",
+    "juniper",
+    "kestrel",
+    "lagoon",
+    "meadow",
+    "nectar",
+    "onyx",
+    "pebble",
+    "quartz",
+    "raven",
+    "saffron",
+    "tundra",
+    "umber",
+    "velvet",
+    "willow",
+    "xenon",
+    "yarrow",
+    "zephyr",
+)
 _CITIES = ("Oslo", "Lima", "Perth", "Quito", "Dakar", "Hanoi", "Porto", "Tunis")
 _ANSWER_FORMAT = "\n\nEnd your response with a line of the form 'Final Answer: <answer>'."
 
@@ -126,7 +150,7 @@ def _multi_hop(rng: random.Random, hops: int) -> tuple[list[str], str, list[str]
     facts = []
     for chain, start in ((names[: hops + 1], value), (names[hops + 1 :], decoy)):
         facts.append(f"VAR {chain[0]} = {start}.")
-        facts += [f"VAR {b} = VAR {a}." for a, b in zip(chain, chain[1:], strict=False)]
+        facts += [f"VAR {b} = VAR {a}." for a, b in itertools.pairwise(chain)]
     question = (
         f"The text assigns values to variables. Which number does VAR {names[hops]} hold, "
         "following the chain of assignments?"

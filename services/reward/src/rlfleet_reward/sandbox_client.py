@@ -117,7 +117,9 @@ class GrpcSandboxClient:
             )
         except aio.AioRpcError as exc:
             if session_id and exc.code() is grpc.StatusCode.NOT_FOUND:
-                raise SessionGone(f"sandbox session {session_id} is gone: {exc.details()}") from None
+                raise SessionGone(
+                    f"sandbox session {session_id} is gone: {exc.details()}"
+                ) from None
             raise SandboxUnavailable(
                 f"sandbox {self.target} Execute failed: {exc.code().name}: {exc.details()}"
             ) from None

@@ -42,8 +42,8 @@ def add_tool_routes(app: FastAPI, gateway: Gateway) -> None:
     sessions: list[PythonToolSessions] = []  # made on first use: no channel unless needed
 
     def tool_sessions() -> PythonToolSessions | None:
-        if not sessions and gateway.config.sandbox.target:
-            sandbox = gateway.config.sandbox
+        sandbox = gateway.config.sandbox
+        if not sessions and sandbox.target:
             client = GrpcSandboxClient(
                 sandbox.target,
                 call_overhead_s=sandbox.call_overhead_s,

@@ -16,7 +16,7 @@ Row fields:
   `EXTRA_CHECKERS`: `language:script` (`script`: the writing system the reply must be in,
   e.g. the language a user asked for in an earlier turn; one of `SCRIPTS`). `turn`
   (optional) is the 1-based user turn that stated the rule; it must exist, and it names
-  the rubric component. `description` is free text, echoed in `info`.
+  the rubric component. `description` is free text for people (ignored).
 - `grading_mode` (optional): `all` (default; reward 1 only if every item passes) or
   `fraction` (each passing item earns 1/k, one reward component per item).
 """
@@ -106,9 +106,10 @@ def _user_turns(row: Mapping[str, Any]) -> int:
     last_user = max((i for i, r in enumerate(roles) if r == "user"), default=-1)
     if last_user < 0 or "assistant" not in roles[:last_user]:
         raise RowError(
-            where, "multi_challenge needs a multi-turn conversation: an assistant turn "
+            where,
+            "multi_challenge needs a multi-turn conversation: an assistant turn "
             "before the last user turn",
-        )  # fmt: skip
+        )
     return roles.count("user")
 
 
@@ -119,15 +120,14 @@ def _parse_item(i: int, item: Any, user_turns: int) -> tuple[str, tuple[tuple[st
     instruction_id = item.get("instruction_id")
     if instruction_id is None and "question" in item:
         raise RowError(
-            where, "a judge-graded item (question/pass_criteria) needs an LLM judge, which "
+            where,
+            "a judge-graded item (question/pass_criteria) needs an LLM judge, which "
             "this environment does not use; give a programmatic instruction_id",
-        )  # fmt: skip
-    checker = (
-        CHECKERS.get(instruction_id) or EXTRA_CHECKERS.get(instruction_id)
-        if isinstance(instruction_id, str)
-        else None
-    )
-    if checker is None:
+        )
+    checker = None
+    if isinstance(instruction_id, str):
+        checker = CHECKERS.get(instruction_id) or EXTRA_CHECKERS.get(instruction_id)
+    if checker is None or not isinstance(instruction_id, str):
         known = sorted([*CHECKERS, *EXTRA_CHECKERS])
         raise RowError(
             f"{where}.instruction_id",
