@@ -1,16 +1,20 @@
 """Cross-package: rows of the data-prep source `long_context` scored by the reward
-gateway's `long_context` environment. A solver that reads only the prompt (regular
+gateway's `long_context` environment, and the bundled `super-sample` blend parsed by the
+environments of its rows. A solver that reads only the prompt (regular
 expressions over the document) must reach the row's expected answer, and its answer must
 score 1, a wrong one 0; so the generator's answers are right and the verifier reads them."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
-from rlfleet_contracts.rows import prompt_messages
+from rlfleet_contracts.rows import env_of, prompt_messages
 from rlfleet_dataprep.long_context import TASKS
+from rlfleet_dataprep.prep import PrepOptions, prepare_rl
 from rlfleet_dataprep.sources import fill_placeholder
 from rlfleet_reward.environments import get_environment
 from rlfleet_reward.types import Sample
@@ -60,3 +64,16 @@ def test_generated_rows_are_solvable_and_scored(task: str, seed: int) -> None:
     assert right.reward == 1.0, right.info
     wrong = env.score(spec, Sample("Final Answer: " + ", ".join([*answer[:-1], "0"])))
     assert wrong.reward == 0.0, wrong.info
+
+
+def test_super_sample_blend_prepares_and_every_row_parses(tmp_path: Path) -> None:
+    out, _ = prepare_rl("super-sample", PrepOptions(out=tmp_path / "data", val_rows=4))
+    rows = [
+        json.loads(line)
+        for split in ("train", "val")
+        for line in (out / split / "data.jsonl").read_text().splitlines()
+    ]
+    envs = sorted({env_of(row) for row in rows})
+    assert envs == ["long_context", "math_with_code", "multi_challenge"]
+    for row in rows:
+        get_environment(env_of(row)).parse_row(row)  # raises RowError naming a bad field

@@ -12,6 +12,8 @@ import json
 import random
 from pathlib import Path
 
+from rlfleet_dataprep.blends.super_sample import super_sample
+
 HERE = Path(__file__).resolve().parent
 
 # Easy, learnable-by-a-small-model reasoning-gym settings for the tiny pipeline.
@@ -129,6 +131,8 @@ BLENDS: dict[str, list[dict[str, object]]] = {
         *indexed("human_eval", "code", range(50)),
         *indexed("ifbench", "instruction_following", range(50)),
     ],
+    # A few rows of each judge-free Super RLVR environment the tiny blends lack.
+    "super-sample": super_sample(),
 }
 
 
