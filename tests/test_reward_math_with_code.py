@@ -9,6 +9,7 @@ invisible to another; errors and timeouts come back as tool results, not HTTP er
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,10 +78,9 @@ class Services:
     http: httpx.Client
 
 
-@pytest.fixture(scope="module")
-def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
-    tmp = tmp_path_factory.mktemp("math-with-code")
-    sandbox, sandbox_target = _start("rlfleet_sandbox", [], tmp / "sandbox.log")
+@contextlib.contextmanager
+def _run_services(tmp: Path, sandbox_args: list[str]) -> Iterator[Services]:
+    sandbox, sandbox_target = _start("rlfleet_sandbox", sandbox_args, tmp / "sandbox.log")
     try:
         with grpc.insecure_channel(sandbox_target) as channel:
             probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
@@ -107,6 +108,24 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             _stop(reward)
     finally:
         _stop(sandbox)
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    with _run_services(tmp_path_factory.mktemp("math-with-code"), []) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def tight_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """A sandbox whose sessions idle out after 3 s and that allows 2 per client."""
+    args = [
+        "sessions.max_idle_timeout_s=3",
+        "sessions.reap_interval_s=0.2",
+        "sessions.max_sessions_per_client=2",
+    ]
+    with _run_services(tmp_path_factory.mktemp("math-with-code-tight"), args) as running:
+        yield running
 
 
 def _tool(services: Services, episode: str, code: str) -> dict[str, Any]:
@@ -207,3 +226,37 @@ def test_a_cell_that_never_ends_is_a_tool_result_and_the_episode_goes_on(
     assert stuck["success"] is False and "timed out" in stuck["error_message"], stuck
     after = _tool(services, episode, "print(7 * 6)")
     assert after["success"] is True and after["stdout"] == "42\n", after
+
+
+def test_concurrent_first_calls_of_an_episode_share_one_session(services: Services) -> None:
+    episode = secrets.token_hex(8)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda code: _tool(services, episode, code), ["a = 1", "b = 2"]))
+    assert all(r["success"] for r in results), results
+    assert _tool(services, episode, "print(a + b)")["stdout"] == "3\n"
+
+
+def test_an_expired_session_starts_afresh_and_says_so(tight_services: Services) -> None:
+    episode = secrets.token_hex(8)
+    assert _tool(tight_services, episode, "v = 5")["success"] is True
+    time.sleep(5)  # past the sandbox's 3 s idle timeout: it closes the session
+    after = _tool(tight_services, episode, "print(v)")
+    assert after["success"] is False and "NameError" in after["error_message"], after
+    assert after["stderr"].startswith("[tool] the previous session had expired")
+    assert _tool(tight_services, episode, "print(6)")["stdout"] == "6\n"
+    tight_services.http.post("/math_with_code/end_session", headers={"x-session-id": episode})
+
+
+def test_session_limits_of_the_sandbox_are_429(tight_services: Services) -> None:
+    first, second, third = (secrets.token_hex(8) for _ in range(3))
+    assert _tool(tight_services, first, "x = 1")["success"] is True
+    assert _tool(tight_services, second, "x = 2")["success"] is True
+    refused = tight_services.http.post(
+        "/math_with_code/execute_python", json={"code": "x = 3"}, headers={"x-session-id": third}
+    )
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert "sessions" in refused.json()["detail"]
+    ended = tight_services.http.post("/math_with_code/end_session", headers={"x-session-id": first})
+    assert ended.json()["existed"] is True
+    assert _tool(tight_services, third, "print(3)")["stdout"] == "3\n"  # a slot is free again
