@@ -9,6 +9,7 @@ invisible to another; errors and timeouts come back as tool results, not HTTP er
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -29,6 +30,8 @@ import httpx
 import pytest
 from rlfleet_core.client import check_health
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
+from rlfleet_reward.python_tool import PythonToolSessions, ToolLimits
+from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
 
@@ -76,6 +79,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 class Services:
     grpc_target: str
     http: httpx.Client
+    sandbox_target: str
 
 
 @contextlib.contextmanager
@@ -103,7 +107,7 @@ def _run_services(tmp: Path, sandbox_args: list[str]) -> Iterator[Services]:
         )
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as client:
-                yield Services(reward_target, client)
+                yield Services(reward_target, client, sandbox_target)
         finally:
             _stop(reward)
     finally:
@@ -260,3 +264,21 @@ def test_session_limits_of_the_sandbox_are_429(tight_services: Services) -> None
     ended = tight_services.http.post("/math_with_code/end_session", headers={"x-session-id": first})
     assert ended.json()["existed"] is True
     assert _tool(tight_services, third, "print(3)")["stdout"] == "3\n"  # a slot is free again
+
+
+async def test_abandoned_episodes_stop_counting_after_their_idle_timeout(
+    services: Services,
+) -> None:
+    client = GrpcSandboxClient(services.sandbox_target)
+    tools = PythonToolSessions(client, ToolLimits(max_episodes=2, idle_timeout_s=1.0))
+    try:
+        for episode in ("one", "two"):  # never ended
+            assert (await tools.execute(episode, "x = 1"))["success"] is True
+        with pytest.raises(SandboxBusy):
+            await tools.execute("three", "x = 3")
+        await asyncio.sleep(1.5)
+        assert (await tools.execute("three", "print(3)"))["stdout"] == "3\n"
+        assert tools.open_episodes == 1
+    finally:
+        await tools.end("three")  # "one" and "two" idle out in the sandbox, or end with it
+        await client.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,7 +53,8 @@ class ToolLimits:
     idle_timeout_s: float = 600.0
     """An episode's session closes after this long unused."""
     max_episodes: int = 256
-    """Episodes with an open session at once; one more is SandboxBusy (HTTP 429)."""
+    """Episodes with an open session at once; one more is SandboxBusy (HTTP 429). An
+    episode unused past `idle_timeout_s` no longer counts (its session has idled out)."""
     max_code_chars: int = 100_000
     """Longest program accepted in one call."""
 
@@ -85,16 +87,30 @@ class PythonToolSessions:
     def __init__(self, sandbox: SessionSandbox, limits: ToolLimits | None = None) -> None:
         self.sandbox = sandbox
         self.limits = limits or ToolLimits()
-        # Insertion order = age: the oldest episode is closed first when full.
+        # Least recently used first; the values' times are time.monotonic() of last use.
         self._sessions: OrderedDict[str, asyncio.Task[str]] = OrderedDict()
+        self._last_used: dict[str, float] = {}
 
     @property
     def open_episodes(self) -> int:
         return len(self._sessions)
 
+    def _forget_idle(self) -> None:
+        """Drop episodes unused past the idle timeout: the sandbox has closed their sessions,
+        and an agent that never called end_session must not hold a slot for ever."""
+        deadline = time.monotonic() - self.limits.idle_timeout_s
+        while self._sessions:
+            key = next(iter(self._sessions))
+            if self._last_used[key] > deadline:
+                break
+            del self._sessions[key], self._last_used[key]
+
     def _session(self, key: str) -> asyncio.Task[str]:
+        self._forget_idle()
         task = self._sessions.get(key)
-        if task is None:
+        if task is not None:
+            self._sessions.move_to_end(key)
+        else:
             if len(self._sessions) >= self.limits.max_episodes:
                 raise SandboxBusy(
                     f"{len(self._sessions)} tool sessions are open (limit "
@@ -107,6 +123,7 @@ class PythonToolSessions:
                 )
             )
             self._sessions[key] = task
+        self._last_used[key] = time.monotonic()
         return task
 
     async def _session_id(self, key: str) -> str:
@@ -115,7 +132,7 @@ class PythonToolSessions:
             return await asyncio.shield(task)
         except BaseException:
             if task.done() and self._sessions.get(key) is task:
-                del self._sessions[key]
+                del self._sessions[key], self._last_used[key]
             raise
 
     async def execute(self, key: str, code: str) -> dict[str, Any]:
@@ -129,11 +146,14 @@ class PythonToolSessions:
         except SessionGone:
             # Expired (idle) or closed under us: start afresh and say so, as a notebook would.
             self._sessions.pop(key, None)
+            self._last_used.pop(key, None)
             session_id = await self._session_id(key)
             outcome = await self.sandbox.execute(
                 code, timeout_s=self.limits.timeout_s, session_id=session_id
             )
             note = "[tool] the previous session had expired; its variables are gone.\n"
+        if key in self._last_used:  # idle time counts from the end of a call, as the sandbox's
+            self._last_used[key] = time.monotonic()
         if outcome.status is ExecStatus.SANDBOX_ERROR:
             raise SandboxUnavailable(f"the sandbox could not run the code: {outcome.stderr[-300:]}")
         return tool_answer(outcome, note)
@@ -141,6 +161,7 @@ class PythonToolSessions:
     async def end(self, key: str) -> bool:
         """Close episode `key`'s session; whether it had one."""
         task = self._sessions.pop(key, None)
+        self._last_used.pop(key, None)
         if task is None:
             return False
         try:

@@ -35,6 +35,21 @@ def _error(status: int, field: str, problem: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": detail, "field": field})
 
 
+async def _read_bounded(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it passes `limit` bytes (judged from Content-Length when
+    given, else while reading: a huge body is never held)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def add_tool_routes(app: FastAPI, gateway: Gateway) -> None:
     """Add the tool routes of the enabled tool-using environments to `app`."""
     if _TOOL_ENV not in gateway.enabled:
@@ -58,9 +73,9 @@ def add_tool_routes(app: FastAPI, gateway: Gateway) -> None:
         key = request.headers.get(SESSION_HEADER, "")
         if not EPISODE_KEY.match(key):
             return _error(422, SESSION_HEADER, "required: the episode's id, 1-128 of A-Za-z0-9_.:-")
-        raw = await request.body()
         limit = gateway.config.limits.max_request_bytes
-        if len(raw) > limit:
+        raw = await _read_bounded(request, limit)
+        if raw is None:
             return _error(413, "", f"body over limits.max_request_bytes ({limit})")
         try:
             body = json.loads(raw) if raw.strip() else {}
