@@ -86,11 +86,19 @@ def test_sample_low_effort_and_generation_controls(tmp_path: Path) -> None:
     assert len(train) == 10
     low = [r for r in train if r.get("env") == "low_effort"]
     assert len(low) == 5 and all(r["inner_env"] == "reasoning_gym" for r in low)
-    params = train[0]["responses_create_params"]
+    normal = next(r for r in train if r.get("env") != "low_effort")
+    params = normal["responses_create_params"]
     assert (
         params["chat_template_kwargs"] == {"enable_thinking": False}
         and params["max_output_tokens"] == 64
     )
+    # Low effort is a reasoning mode: --reasoning off leaves its thinking on.
+    for r in low:
+        assert r["responses_create_params"]["chat_template_kwargs"] == {
+            "enable_thinking": True,
+            "low_effort": True,
+        }
+        assert r["responses_create_params"]["max_output_tokens"] == 64
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rlfleet_contracts.reasoning import LOW_EFFORT_ENV, LOW_EFFORT_TEMPLATE_KWARGS
+from rlfleet_contracts.reasoning import to_low_effort as convert_to_low_effort
 from rlfleet_contracts.rows import (
     PLACEHOLDER_KEY,
     DataError,
@@ -90,13 +92,16 @@ def resolve_blend(blend: str) -> tuple[str, Path]:
 
 
 def to_low_effort(row: Row, token_budget: int) -> Row:
-    """Score with the `low_effort` wrapper: correctness traded against generated tokens."""
-    return {**row, "env": "low_effort", "inner_env": env_of(row), "token_budget": token_budget}
+    """Score with the `low_effort` wrapper (correctness traded against generated tokens),
+    templated with reasoning on and the template's low-effort switch, as the trainer's
+    schedule converts a row (`reasoning.low_effort`)."""
+    return convert_to_low_effort(row, token_budget, dict(LOW_EFFORT_TEMPLATE_KWARGS))
 
 
 def apply_generation_controls(row: Row, options: PrepOptions) -> Row:
     params = dict(row["responses_create_params"])
-    if options.reasoning != "keep":
+    # Low effort is a reasoning mode: --reasoning off must not switch its thinking off.
+    if options.reasoning != "keep" and env_of(row) != LOW_EFFORT_ENV:
         kwargs = dict(params.get("chat_template_kwargs") or {})
         kwargs["enable_thinking"] = options.reasoning == "on"
         params["chat_template_kwargs"] = kwargs

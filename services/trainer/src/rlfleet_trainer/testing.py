@@ -64,6 +64,8 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self.midstream_faults: dict[str, list[grpc.StatusCode]] = {}
         """Like `faults`, but the stream ends with the status after its first sample."""
         self.request_ids: list[str] = []
+        self.max_tokens: dict[str, int] = {}
+        """Request id -> the `sampling.max_tokens` it asked for."""
 
     # --- generation -----------------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         if request.n < 1 or request.sampling.max_tokens < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "n and max_tokens must be > 0")
         self.request_ids.append(request.request_id)
+        self.max_tokens[request.request_id] = request.sampling.max_tokens
         faults = self.faults.get(request.request_id.split("/")[0])
         if faults:
             await context.abort(faults.pop(0), "double told to fail this call")
