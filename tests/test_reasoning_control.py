@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from rlfleet_core.client import check_health
