@@ -84,6 +84,13 @@ def test_template_switches_come_from_the_recipe_and_the_row(tokenizer: Any) -> N
         template_kwargs={"enable_thinking": False},
     )
     assert rendered(tokenizer, on, 0) == "<think>"  # the row wins over the recipe
+    # NeMo-Gym's per-sample switches (metadata, a JSON string) win over the row's own.
+    meta = row(
+        0,
+        chat_template_kwargs={"enable_thinking": True},
+        metadata={"chat_template_kwargs": '{"enable_thinking": false}'},
+    )
+    assert rendered(tokenizer, PromptSource([meta], tokenizer, seed=0), 0) == "<think></think>"
 
 
 @pytest.mark.parametrize(
@@ -91,6 +98,14 @@ def test_template_switches_come_from_the_recipe_and_the_row(tokenizer: Any) -> N
     [
         ({"chat_template_kwargs": "on"}, r"row math0: .*chat_template_kwargs: expected an object"),
         ({"chat_template_kwargs": {"tokenize": False}}, r"chat_template_kwargs\.tokenize: is an"),
+        (
+            {"metadata": {"chat_template_kwargs": "{oops"}},
+            r"metadata\.chat_template_kwargs: invalid",
+        ),
+        (
+            {"metadata": {"chat_template_kwargs": "[1]"}},
+            r"metadata\.chat_template_kwargs: expected",
+        ),
         ({"max_output_tokens": 0}, r"max_output_tokens: expected a positive integer, got 0"),
         ({"max_tokens": "64"}, r"max_tokens: expected a positive integer, got '64'"),
         ({"max_completion_tokens": True}, r"max_completion_tokens: expected a positive"),
@@ -224,3 +239,14 @@ async def test_row_cap_reaches_the_generate_request(tiny_model: Path, tokenizer:
             await reward_client.close()
     assert rollout.max_tokens == {"letters0@0": 3, "letters1@0": 12}
     assert all(len(s.token_ids) <= 3 for s in groups["letters0@0"].samples)
+
+
+def test_low_effort_form_overrides_the_rows_own_switches(tokenizer: Any) -> None:
+    from rlfleet_contracts.reasoning import LOW_EFFORT_TEMPLATE_KWARGS, to_low_effort
+
+    off = row(0, metadata={"chat_template_kwargs": '{"enable_thinking": false}', "k": 1})
+    low = to_low_effort(off, 32, dict(LOW_EFFORT_TEMPLATE_KWARGS))
+    assert low["responses_create_params"]["metadata"] == {"k": 1}
+    assert (low["env"], low["inner_env"], low["token_budget"]) == ("low_effort", "math", 32)
+    assert rendered(tokenizer, PromptSource([low], tokenizer, seed=0), 0) == "[low effort]<think>"
+    assert to_low_effort(low, 99, {}) is low  # already low effort: unchanged

@@ -3,7 +3,8 @@ low-effort form of a row, and the recipe's `reasoning` section (template default
 low-effort schedule).
 
 Row fields read here (all under `responses_create_params`):
-- `chat_template_kwargs`: passed to the tokenizer's chat template (Nemotron 3 reads
+- `chat_template_kwargs`, then NeMo-Gym's per-sample `metadata.chat_template_kwargs` (a JSON
+  string) over it: passed to the tokenizer's chat template (Nemotron 3 reads
   `enable_thinking`, `low_effort`, `truncate_history_thinking`, `reasoning_budget`).
 - `max_output_tokens` (Responses API), or the chat-completions spellings `max_tokens` /
   `max_completion_tokens`: a cap on this prompt's generated tokens (the least one wins).
@@ -15,6 +16,7 @@ and templated with reasoning on and the template's low-effort switch set.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -62,20 +64,37 @@ def _params(row: Row) -> dict[str, Any]:
 
 
 def row_template_kwargs(row: Row) -> dict[str, Any]:
-    """The row's `chat_template_kwargs` ({} when absent); a non-object or a key that is
-    one of apply_chat_template's own arguments is a `DataError` naming the field."""
-    kwargs = _params(row).get("chat_template_kwargs")
+    """The row's template switches ({} when none): `chat_template_kwargs`, overlaid by
+    NeMo-Gym's per-sample `metadata.chat_template_kwargs` (a JSON string, as its vllm_model
+    server reads it). A non-object or a key that is one of apply_chat_template's own
+    arguments is a `DataError` naming the field."""
+    params = _params(row)
+    kwargs = _switches(params.get("chat_template_kwargs"), "chat_template_kwargs")
+    metadata = params.get("metadata")
+    if isinstance(metadata, dict) and metadata.get("chat_template_kwargs") is not None:
+        raw = metadata["chat_template_kwargs"]
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"responses_create_params.metadata.chat_template_kwargs: invalid JSON ({exc})"
+                ) from None
+        kwargs.update(_switches(raw, "metadata.chat_template_kwargs"))
+    return kwargs
+
+
+def _switches(kwargs: Any, field: str) -> dict[str, Any]:
     if kwargs is None:
         return {}
     if not isinstance(kwargs, dict):
         raise DataError(
-            "responses_create_params.chat_template_kwargs: expected an object, "
-            f"got {type(kwargs).__name__}"
+            f"responses_create_params.{field}: expected an object, got {type(kwargs).__name__}"
         )
     reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
     if reserved:
         raise DataError(
-            f"responses_create_params.chat_template_kwargs.{reserved[0]}: is an argument of "
+            f"responses_create_params.{field}.{reserved[0]}: is an argument of "
             "apply_chat_template itself, not a template switch; remove it"
         )
     return dict(kwargs)
@@ -98,6 +117,18 @@ def row_max_output_tokens(row: Row) -> int | None:
     return min(caps) if caps else None
 
 
+def with_template_kwargs(row: Row, updates: dict[str, Any]) -> Row:
+    """The row with `updates` over its template switches, all of them in
+    `chat_template_kwargs` (a per-sample `metadata.chat_template_kwargs` is folded in and
+    removed, so it cannot override `updates`)."""
+    params = dict(_params(row))
+    params["chat_template_kwargs"] = {**row_template_kwargs(row), **updates}
+    metadata = params.get("metadata")
+    if isinstance(metadata, dict) and "chat_template_kwargs" in metadata:
+        params["metadata"] = {k: v for k, v in metadata.items() if k != "chat_template_kwargs"}
+    return {**row, "responses_create_params": params}
+
+
 def to_low_effort(
     row: Row,
     token_budget: int,
@@ -112,14 +143,11 @@ def to_low_effort(
     inner = inner_env or env_of(row)
     if inner == LOW_EFFORT_ENV:
         return row
-    params = dict(_params(row))
-    params["chat_template_kwargs"] = {**row_template_kwargs(row), **template_kwargs}
     converted = {
-        **row,
+        **with_template_kwargs(row, template_kwargs),
         "env": LOW_EFFORT_ENV,
         "inner_env": inner,
         "token_budget": token_budget,
-        "responses_create_params": params,
     }
     if length_penalty is not None:
         converted["length_penalty"] = length_penalty
