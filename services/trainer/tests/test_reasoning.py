@@ -250,3 +250,50 @@ def test_low_effort_form_overrides_the_rows_own_switches(tokenizer: Any) -> None
     assert (low["env"], low["inner_env"], low["token_budget"]) == ("low_effort", "math", 32)
     assert rendered(tokenizer, PromptSource([low], tokenizer, seed=0), 0) == "[low effort]<think>"
     assert to_low_effort(low, 99, {}) is low  # already low effort: unchanged
+
+
+async def test_a_resumed_run_issues_the_same_low_effort_prompts(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Sync GRPO, 4 steps straight vs 2 steps + resume to 4: the same prompts are scored
+    as low effort, and the ledger still accounts for every prompt exactly once."""
+    from rlfleet_trainer.ledger import Ledger, verify_ledger
+    from rlfleet_trainer.run import build_context, run_stage
+    from rlfleet_trainer.testing import letter_rows
+
+    def recipe(rollout: str, reward: str, steps: int) -> RecipeConfig:
+        return load_config(
+            RecipeConfig,
+            overrides=[
+                f"policy.model={tiny_model}",
+                "policy.max_total_sequence_length=128",
+                "policy.train_micro_batch_size=6",
+                "generation.max_new_tokens=8",
+                "grpo.num_prompts_per_step=3",
+                "grpo.num_generations_per_prompt=2",
+                "grpo.max_trajectory_age_steps=0",
+                f"grpo.max_num_steps={steps}",
+                "checkpoint.save_every_steps=1",
+                "checkpoint.export_hf=false",
+                "reasoning.low_effort.phases=[{fraction: 0.5}]",
+                f"services.rollout={rollout}",
+                f"services.reward={reward}",
+            ],
+        )
+
+    low: list[set[str]] = []
+    for split in (False, True):
+        run_dir = tmp_path / ("split" if split else "straight")
+        async with serve_doubles(tiny_model) as (rollout_target, reward_target, _, reward):
+            if split:
+                await run_stage(
+                    recipe(rollout_target, reward_target, 2), run_dir, rows=letter_rows()
+                )
+            final = recipe(rollout_target, reward_target, 4)
+            state = await run_stage(final, run_dir, rows=letter_rows(), resume=split)
+        low.append({rid for rid, env in reward.envs.items() if env == "low_effort"})
+        ctx = build_context(final, tmp_path / "probe", rows=letter_rows())
+        ctx.source.cursor = state.data_cursor
+        entries = Ledger(run_dir / "ledger.jsonl").entries()
+        assert verify_ledger(entries, ctx.source.issued_ids())["trained"] == 12
+    assert low[0] == low[1] and 0 < len(low[0]) < 12

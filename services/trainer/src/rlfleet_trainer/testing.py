@@ -233,6 +233,8 @@ class DoubleReward(reward_pb2_grpc.RewardServiceServicer):
     def __init__(self) -> None:
         self.calls = 0
         self.calls_by_id: collections.Counter[str] = collections.Counter()
+        self.envs: dict[str, str] = {}
+        """Request id -> the environment it was scored as."""
         self.fail_prompt_ids: set[str] = set()
         """ScoreGroup for these request ids answers with a failure (tests of drops)."""
         self.faults: dict[str, list[grpc.StatusCode | dict[int, int]]] = {}
@@ -249,6 +251,7 @@ class DoubleReward(reward_pb2_grpc.RewardServiceServicer):
     ) -> reward_pb2.ScoreGroupResult:
         self.calls += 1
         self.calls_by_id[request.request_id] += 1
+        self.envs[request.request_id] = request.env
         faults = self.faults.get(request.request_id)
         fault = faults.pop(0) if faults else {}
         if isinstance(fault, grpc.StatusCode):
