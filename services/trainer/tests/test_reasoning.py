@@ -125,9 +125,12 @@ def test_row_cap_is_the_least_of_its_spellings(tokenizer: Any) -> None:
 
 
 def test_recipe_refuses_bad_reasoning_settings() -> None:
-    with pytest.raises(ConfigError, match=r"reasoning\.chat_template_kwargs\.tokenize"):
+    with pytest.raises(ConfigError, match=r"^reasoning\.chat_template_kwargs: 'tokenize' is an"):
         load_config(RecipeConfig, overrides=["reasoning.chat_template_kwargs={tokenize: true}"])
-    with pytest.raises(ConfigError, match=r"from_step values \[5, 2\] must increase"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^reasoning\.low_effort: phases: from_step values \[5, 2\] must increase",
+    ):
         load_config(
             RecipeConfig,
             overrides=[
@@ -135,8 +138,12 @@ def test_recipe_refuses_bad_reasoning_settings() -> None:
                 "{from_step: 2, fraction: 0.1}]"
             ],
         )
-    with pytest.raises(ConfigError, match=r"fraction"):
+    with pytest.raises(ConfigError, match=r"^reasoning\.low_effort\.phases\.0\.fraction: input"):
         load_config(RecipeConfig, overrides=["reasoning.low_effort.phases=[{fraction: 1.5}]"])
+    with pytest.raises(ConfigError, match=r"phases\.0\.env: unknown key; did you mean .*\.envs\?"):
+        load_config(
+            RecipeConfig, overrides=["reasoning.low_effort.phases=[{fraction: 0.1, env: []}]"]
+        )
 
 
 def mixed_rows() -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
 
 from rlfleet_contracts.rows import DataError, Row, env_of
@@ -154,6 +154,16 @@ def to_low_effort(
     return converted
 
 
+def _no_reserved_kwargs(kwargs: dict[str, TemplateValue]) -> dict[str, TemplateValue]:
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+    if reserved:
+        raise ValueError(
+            f"{reserved[0]!r} is an argument of apply_chat_template itself, not a template "
+            "switch; remove it"
+        )
+    return kwargs
+
+
 class LowEffortPhase(ConfigModel):
     """One phase of the low-effort schedule: from `from_step` until the next phase."""
 
@@ -186,23 +196,17 @@ class LowEffortConfig(ConfigModel):
     """Template switches of a low-effort prompt, over the row's own (Nemotron 3's chat
     template reads `low_effort`; templates that do not read a switch ignore it)."""
 
+    _no_reserved = field_validator("chat_template_kwargs")(_no_reserved_kwargs)
+
     @model_validator(mode="after")
     def _phases_in_order(self) -> LowEffortConfig:
         starts = [p.from_step for p in self.phases]
         if starts != sorted(set(starts)):
             raise ValueError(
-                f"reasoning.low_effort.phases: from_step values {starts} must increase "
-                "strictly; list the phases in the order they start"
+                f"phases: from_step values {starts} must increase strictly; list the phases "
+                "in the order they start"
             )
         return self
-
-    def phase_at(self, step: int) -> LowEffortPhase | None:
-        """The phase in force at `step` (None before the first one starts)."""
-        current = None
-        for phase in self.phases:
-            if phase.from_step <= step:
-                current = phase
-        return current
 
 
 class ReasoningConfig(ConfigModel):
@@ -215,16 +219,4 @@ class ReasoningConfig(ConfigModel):
     e.g. `enable_thinking: false` for a reasoning-off stage."""
     low_effort: LowEffortConfig = LowEffortConfig()
 
-    @model_validator(mode="after")
-    def _no_reserved_kwargs(self) -> ReasoningConfig:
-        for where, kwargs in (
-            ("reasoning.chat_template_kwargs", self.chat_template_kwargs),
-            ("reasoning.low_effort.chat_template_kwargs", self.low_effort.chat_template_kwargs),
-        ):
-            reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
-            if reserved:
-                raise ValueError(
-                    f"{where}.{reserved[0]}: is an argument of apply_chat_template itself, "
-                    "not a template switch; remove it"
-                )
-        return self
+    _no_reserved = field_validator("chat_template_kwargs")(_no_reserved_kwargs)
