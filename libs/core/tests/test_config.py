@@ -18,6 +18,7 @@ class Outer(ConfigModel):
     grpo: Inner = Inner()
     enabled: bool = False
     tags: list[str] = Field(default_factory=list)
+    phases: list[Inner] = Field(default_factory=list)
 
 
 def test_overrides_parse_yaml_scalars_into_a_tree() -> None:
@@ -63,6 +64,19 @@ def test_unknown_key_without_a_close_match_lists_valid_keys() -> None:
     assert (
         info.value.lines[0]
         == "grpo.zzz: unknown key; valid keys here: lr, name, steps (from override grpo.zzz=1)"
+    )
+
+
+def test_unknown_key_in_a_list_of_sections_is_named_with_its_index() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(Outer, overrides=["phases=[{lr: 1}, {stepz: 2}]"])
+    assert info.value.lines[0].startswith(
+        "phases.1.stepz: unknown key; did you mean phases.1.steps?"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(Outer, overrides=["phases=[{zzz: 1}]"])
+    assert info.value.lines[0].startswith(
+        "phases.0.zzz: unknown key; valid keys here: lr, name, steps"
     )
 
 

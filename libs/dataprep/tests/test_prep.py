@@ -86,11 +86,19 @@ def test_sample_low_effort_and_generation_controls(tmp_path: Path) -> None:
     assert len(train) == 10
     low = [r for r in train if r.get("env") == "low_effort"]
     assert len(low) == 5 and all(r["inner_env"] == "reasoning_gym" for r in low)
-    params = train[0]["responses_create_params"]
+    normal = next(r for r in train if r.get("env") != "low_effort")
+    params = normal["responses_create_params"]
     assert (
         params["chat_template_kwargs"] == {"enable_thinking": False}
         and params["max_output_tokens"] == 64
     )
+    # Low effort is a reasoning mode: --reasoning off leaves its thinking on.
+    for r in low:
+        assert r["responses_create_params"]["chat_template_kwargs"] == {
+            "enable_thinking": True,
+            "low_effort": True,
+        }
+        assert r["responses_create_params"]["max_output_tokens"] == 64
 
 
 @pytest.mark.parametrize(
@@ -102,6 +110,17 @@ def test_sample_low_effort_and_generation_controls(tmp_path: Path) -> None:
             "needs field 'index'",
         ),
         ({"responses_create_params": {"input": "hi"}}, "env: missing"),
+        (
+            {"env": "math", "responses_create_params": {"input": "hi", "max_output_tokens": -1}},
+            "max_output_tokens: expected a positive integer",
+        ),
+        (
+            {
+                "env": "math",
+                "responses_create_params": {"input": "hi", "chat_template_kwargs": ["on"]},
+            },
+            "chat_template_kwargs: expected an object",
+        ),
     ],
 )
 def test_bad_rows_name_file_line_and_field(
@@ -116,6 +135,19 @@ def test_bad_rows_name_file_line_and_field(
     )
     with pytest.raises(DataError, match=rf"bad.jsonl:2: .*{message}"):
         prepare_rl(str(path), PrepOptions(out=tmp_path, val_rows=0))
+
+
+def test_reasoning_switch_overrides_nemo_gym_metadata_switches(tmp_path: Path) -> None:
+    """NeMo-Gym rows carry per-sample switches in `metadata.chat_template_kwargs` (a JSON
+    string); --reasoning folds them into `chat_template_kwargs` and wins over them."""
+    path = tmp_path / "meta.jsonl"
+    meta = {"chat_template_kwargs": json.dumps({"enable_thinking": True, "x": 1}), "k": "v"}
+    row = {"env": "math", "responses_create_params": {"input": "hi", "metadata": meta}}
+    path.write_text(json.dumps(row) + "\n")
+    out, _ = prepare_rl(str(path), PrepOptions(out=tmp_path, val_rows=0, reasoning="off"))
+    params = read(out / "train" / "data.jsonl")[0]["responses_create_params"]
+    assert params["chat_template_kwargs"] == {"enable_thinking": False, "x": 1}
+    assert params["metadata"] == {"k": "v"}
 
 
 def test_bundled_blend_is_listed_and_cli_reports_errors(tmp_path: Path) -> None:

@@ -59,6 +59,18 @@ def test_rlvr_stages_share_settings_and_chain_checkpoints() -> None:
     assert load_recipe("super3/rlvr1", ["grpo.lr=1e-6"]).grpo.lr == 1e-6
 
 
+def test_rlvr_low_effort_schedule_is_the_published_one() -> None:
+    """2% of prompts (math, STEM QA, competitive coding) early, 1% (math, STEM QA) late;
+    we run the late phase in RLVR 3 (docs/recipes.md says why)."""
+    phases = {
+        i: [p.model_dump() for p in load_recipe(f"super3/rlvr{i}").reasoning.low_effort.phases]
+        for i in (1, 2, 3)
+    }
+    early = {"from_step": 1, "fraction": 0.02, "envs": ["math", "mcqa", "code"]}
+    late = {"from_step": 1, "fraction": 0.01, "envs": ["math", "mcqa"]}
+    assert phases == {1: [early], 2: [early], 3: [late]}
+
+
 def test_unknown_recipe_lists_the_bundled_ones() -> None:
     with pytest.raises(ConfigError, match=r"no bundled recipe of that name.*super3/rlvr1"):
         load_recipe("super3/nope")

@@ -4,8 +4,9 @@ Defaults live here and only here; recipe files state overrides. Cross-field rule
 checked at load time with messages that name the fields and the fix.
 
 Sections: `grpo` (the algorithm), `generation` (sampling on the rollout service), `policy`
-(model, backend, optimizer, parallelism), `data` (prompt rows), `services` (where rollout
-and reward live, how weights travel), `checkpoint` (where and how often).
+(model, backend, optimizer, parallelism), `data` (prompt rows), `reasoning` (chat-template
+switches, the low-effort schedule), `services` (where rollout and reward live, how weights
+travel), `checkpoint` (where and how often).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from rlfleet_core.config import ConfigModel
+
+from rlfleet_contracts.reasoning import ReasoningConfig
 
 
 class GRPOConfig(ConfigModel):
@@ -292,6 +295,8 @@ class RecipeConfig(ConfigModel):
     generation: GenerationConfig = GenerationConfig()
     policy: PolicyConfig = PolicyConfig()
     data: DataConfig = DataConfig()
+    reasoning: ReasoningConfig = ReasoningConfig()
+    """Chat-template switches and the low-effort schedule (rlfleet_contracts.reasoning)."""
     services: ServicesConfig = ServicesConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()

@@ -10,6 +10,7 @@ values produce one line per problem naming the dotted key, e.g.
 from __future__ import annotations
 
 import difflib
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,6 +125,12 @@ def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Valid keys of the section that `loc` points into (for 'did you mean')."""
     current: Any = model
     for part in loc[:-1]:
+        if isinstance(part, int):  # an item of a list of sections: list[Section]
+            args = typing.get_args(current)
+            if not args:
+                return []
+            current = args[0]
+            continue
         fields = getattr(current, "model_fields", None)
         if fields is None or part not in fields:
             return []

@@ -9,6 +9,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rlfleet_contracts.reasoning import (
+    LOW_EFFORT_ENV,
+    LOW_EFFORT_TEMPLATE_KWARGS,
+    row_max_output_tokens,
+    row_template_kwargs,
+    with_template_kwargs,
+)
+from rlfleet_contracts.reasoning import to_low_effort as convert_to_low_effort
 from rlfleet_contracts.rows import (
     PLACEHOLDER_KEY,
     DataError,
@@ -90,16 +98,17 @@ def resolve_blend(blend: str) -> tuple[str, Path]:
 
 
 def to_low_effort(row: Row, token_budget: int) -> Row:
-    """Score with the `low_effort` wrapper: correctness traded against generated tokens."""
-    return {**row, "env": "low_effort", "inner_env": env_of(row), "token_budget": token_budget}
+    """Score with the `low_effort` wrapper (correctness traded against generated tokens),
+    templated with reasoning on and the template's low-effort switch, as the trainer's
+    schedule converts a row (`reasoning.low_effort`)."""
+    return convert_to_low_effort(row, token_budget, dict(LOW_EFFORT_TEMPLATE_KWARGS))
 
 
 def apply_generation_controls(row: Row, options: PrepOptions) -> Row:
+    # Low effort is a reasoning mode: --reasoning off must not switch its thinking off.
+    if options.reasoning != "keep" and env_of(row) != LOW_EFFORT_ENV:
+        row = with_template_kwargs(row, {"enable_thinking": options.reasoning == "on"})
     params = dict(row["responses_create_params"])
-    if options.reasoning != "keep":
-        kwargs = dict(params.get("chat_template_kwargs") or {})
-        kwargs["enable_thinking"] = options.reasoning == "on"
-        params["chat_template_kwargs"] = kwargs
     if options.token_budget is not None:
         params["max_output_tokens"] = options.token_budget
     return {**row, "responses_create_params": params}
@@ -135,6 +144,11 @@ def prepare_rl(
         problems = row_problems(row)
         if problems:
             raise DataError(f"{source.where}: {problems[0]}")
+        try:  # the trainer would refuse these at start; say which line now
+            row_template_kwargs(row)
+            row_max_output_tokens(row)
+        except DataError as exc:
+            raise DataError(f"{source.where}: {exc}") from None
         rows.append(row)
         if advance:
             advance(1)

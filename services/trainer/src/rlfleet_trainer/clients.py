@@ -12,6 +12,7 @@ response) still runs inside each try.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -125,6 +126,12 @@ class Sampling:
     top_k: int
     max_tokens: int
     seed: int | None = None
+
+    def capped(self, max_tokens: int | None) -> Sampling:
+        """This sampling with at most `max_tokens` generated (a row's own cap)."""
+        if max_tokens is None or max_tokens >= self.max_tokens:
+            return self
+        return dataclasses.replace(self, max_tokens=max_tokens)
 
     @classmethod
     def from_generation(

@@ -228,7 +228,10 @@ class Collector:
 
     async def _generate_and_score(self, prompt: Prompt) -> PromptGroup:
         results = await self.rollout.generate(
-            prompt.prompt_id, prompt.token_ids, self.group_size, self.sampling
+            prompt.prompt_id,
+            prompt.token_ids,
+            self.group_size,
+            self.sampling.capped(prompt.max_tokens),
         )
         samples = [trajectory_from_result(prompt, r) for r in results]
         self.stats.generated_tokens += sum(len(s.token_ids) for s in samples)

@@ -7,6 +7,12 @@ plus the environment's verification fields (passed to the reward gateway untouch
 Order: epoch e visits the rows in the permutation seeded by (seed, e); the cursor is the
 count of prompts issued so far, so prompt k is row perm_e[k mod n] of epoch e = k div n,
 with id `<row id>@<e>`. A checkpoint stores only the cursor: resuming re-derives the order.
+
+Reasoning control (rlfleet_contracts.reasoning): the chat template gets the recipe's
+`reasoning.chat_template_kwargs` overlaid by the row's own
+`responses_create_params.chat_template_kwargs`; the row's `max_output_tokens` (or
+`max_tokens` / `max_completion_tokens`) caps that prompt's generation; a training source
+with a low-effort schedule converts the prompts it schedules (rlfleet_trainer.reasoning).
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlfleet_contracts.reasoning import row_max_output_tokens, row_template_kwargs
 from rlfleet_contracts.recipe import RecipeConfig
-from rlfleet_contracts.rows import env_of, prompt_messages, read_blend
+from rlfleet_contracts.rows import DataError, env_of, prompt_messages, read_blend
+
+from rlfleet_trainer.reasoning import LowEffortSchedule
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,8 @@ class Prompt:
     """The data row as JSON, for the reward gateway."""
     token_ids: tuple[int, ...]
     """Chat template applied, generation prompt added."""
+    max_tokens: int | None = None
+    """The row's cap on generated tokens; None = the recipe's `generation.max_new_tokens`."""
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -55,14 +66,30 @@ class PromptSource:
 
     @classmethod
     def from_recipe(
-        cls, recipe: RecipeConfig, rows: Sequence[dict[str, Any]], tokenizer: Any, shuffle: bool
+        cls,
+        recipe: RecipeConfig,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        shuffle: bool,
+        training: bool = False,
     ) -> PromptSource:
         """`shuffle` is the caller's: training rows follow `data.shuffle`, held-out rows
-        keep their order."""
+        keep their order. Only a `training` source follows the low-effort schedule: the
+        held-out reward measures the prompts as the data gives them."""
         data = recipe.data
         max_prompt = data.max_prompt_tokens or (
             recipe.policy.max_total_sequence_length - recipe.generation.max_new_tokens
         )
+        low_effort = recipe.reasoning.low_effort
+        schedule = None
+        if training and low_effort.phases and rows:
+            schedule = LowEffortSchedule.build(
+                low_effort,
+                rows,
+                data.default_env,
+                recipe.grpo.seed,
+                recipe.grpo.num_prompts_per_step,
+            )
         return cls(
             rows,
             tokenizer,
@@ -70,6 +97,8 @@ class PromptSource:
             shuffle=shuffle,
             default_env=data.default_env,
             max_prompt_tokens=max_prompt,
+            template_kwargs=dict(recipe.reasoning.chat_template_kwargs),
+            low_effort=schedule,
         )
 
     def __init__(
@@ -81,10 +110,20 @@ class PromptSource:
         shuffle: bool = True,
         default_env: str = "math",
         max_prompt_tokens: int | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        low_effort: LowEffortSchedule | None = None,
     ) -> None:
         if not rows:
             raise ValueError("no prompt rows: the data set is empty")
         self.rows = list(rows)
+        for i, row in enumerate(self.rows):  # fail at start, not at the row's turn
+            try:
+                row_template_kwargs(row)
+                row_max_output_tokens(row)
+            except DataError as exc:
+                raise DataError(f"row {row.get('id', i)}: {exc}") from None
+        self.template_kwargs = dict(template_kwargs or {})
+        self.low_effort = low_effort
         self.tokenizer = tokenizer
         self.seed = seed
         self.shuffle = shuffle
@@ -106,8 +145,13 @@ class PromptSource:
         row_index = self._order(epoch)[position]
         row = self.rows[row_index]
         row_id = str(row.get("id", row_index))
+        if self.low_effort is not None:
+            row = self.low_effort.apply(row, index, row_env(row, self.default_env))
         token_ids = self.tokenizer.apply_chat_template(
-            row_messages(row), add_generation_prompt=True, tokenize=True
+            row_messages(row),
+            add_generation_prompt=True,
+            tokenize=True,
+            **{**self.template_kwargs, **row_template_kwargs(row)},
         )
         if hasattr(token_ids, "keys"):  # transformers 5 returns a BatchEncoding
             token_ids = token_ids["input_ids"]
@@ -117,6 +161,7 @@ class PromptSource:
             env=row_env(row, self.default_env),
             row_json=json.dumps(row),
             token_ids=tuple(int(t) for t in token_ids),
+            max_tokens=row_max_output_tokens(row),
         )
 
     def next(self) -> Prompt:

@@ -66,7 +66,9 @@ def build_context(
     return RunContext(
         recipe=recipe,
         backend=build_backend(recipe, model_path),
-        source=PromptSource.from_recipe(recipe, rows, tokenizer, recipe.data.shuffle),
+        source=PromptSource.from_recipe(
+            recipe, rows, tokenizer, recipe.data.shuffle, training=True
+        ),
         val_source=PromptSource.from_recipe(recipe, val_rows, tokenizer, False)
         if val_rows
         else None,

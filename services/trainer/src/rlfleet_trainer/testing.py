@@ -64,6 +64,8 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self.midstream_faults: dict[str, list[grpc.StatusCode]] = {}
         """Like `faults`, but the stream ends with the status after its first sample."""
         self.request_ids: list[str] = []
+        self.max_tokens: dict[str, int] = {}
+        """Request id -> the `sampling.max_tokens` it asked for."""
 
     # --- generation -----------------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         if request.n < 1 or request.sampling.max_tokens < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "n and max_tokens must be > 0")
         self.request_ids.append(request.request_id)
+        self.max_tokens[request.request_id] = request.sampling.max_tokens
         faults = self.faults.get(request.request_id.split("/")[0])
         if faults:
             await context.abort(faults.pop(0), "double told to fail this call")
@@ -230,6 +233,8 @@ class DoubleReward(reward_pb2_grpc.RewardServiceServicer):
     def __init__(self) -> None:
         self.calls = 0
         self.calls_by_id: collections.Counter[str] = collections.Counter()
+        self.envs: dict[str, str] = {}
+        """Request id -> the environment it was scored as."""
         self.fail_prompt_ids: set[str] = set()
         """ScoreGroup for these request ids answers with a failure (tests of drops)."""
         self.faults: dict[str, list[grpc.StatusCode | dict[int, int]]] = {}
@@ -246,6 +251,7 @@ class DoubleReward(reward_pb2_grpc.RewardServiceServicer):
     ) -> reward_pb2.ScoreGroupResult:
         self.calls += 1
         self.calls_by_id[request.request_id] += 1
+        self.envs[request.request_id] = request.env
         faults = self.faults.get(request.request_id)
         fault = faults.pop(0) if faults else {}
         if isinstance(fault, grpc.StatusCode):

@@ -74,7 +74,9 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
         prompt = val_source.prompt_at(index)
         n = g.val_samples_per_prompt
         try:
-            results = await ctx.rollout.generate(f"{tag}-{index}", prompt.token_ids, n, sampling)
+            results = await ctx.rollout.generate(
+                f"{tag}-{index}", prompt.token_ids, n, sampling.capped(prompt.max_tokens)
+            )
             texts = [
                 ctx.tokenizer.decode(list(r.token_ids), skip_special_tokens=True) for r in results
             ]
