@@ -101,7 +101,11 @@ def _golds(rng: random.Random) -> list[Gold]:
             ["\\{" + ",".join(map(str, s[:2])) + "\\}"],
         ),
         (f"[{a},{b})", [f"[{a}, {b})", f"\\left[{a},{b}\\right)"], [f"({a},{b})", f"[{a},{b}]"]),
-        (str(k), [f"{k}\\text{{ cm}}", f"{k} \\mathrm{{m}}", f"{k}\\,\\text{{kg}}"], [f"{k + 1} cm"]),
+        (
+            str(k),
+            [f"{k}\\text{{ cm}}", f"{k} \\mathrm{{m}}", f"{k}\\,\\text{{kg}}"],
+            [f"{k + 1} cm"],
+        ),
         (f"{pct}\\%", [f"{pct}\\%", f"{pct}", f"{pct}%"], [f"{pct / 100:g}", f"{pct + 5}\\%"]),
         (f"{k}\\sqrt{{3}}", [f"\\sqrt{{{3 * k * k}}}", f"{k}\\sqrt3"], [f"{k}\\sqrt{{2}}"]),
         ("x^2+1", ["1+x^2", "x^{2}+1"], ["x^2-1", "x+1"]),
@@ -148,8 +152,12 @@ def _math_cases() -> dict[str, Callable[[random.Random, str, str], Items]]:
         "fbox": lambda r, a, w: [message(f"\\fbox{{{a}}}")],
         "boxed-space": lambda r, a, w: [message(f"\\boxed {{{a}}}")],
         "text-after-box": lambda r, a, w: [message(f"{box(a)}\n\nCheck: {w} is not it.")],
-        "think-box-inside": lambda r, a, w: [message(f"<think>Maybe {box(a)}.</think>The answer is {w}.")],
-        "think-wrong-inside": lambda r, a, w: [message(f"<think>First guess {box(w)}</think>\n{box(a)}")],
+        "think-box-inside": lambda r, a, w: [
+            message(f"<think>Maybe {box(a)}.</think>The answer is {w}.")
+        ],
+        "think-wrong-inside": lambda r, a, w: [
+            message(f"<think>First guess {box(w)}</think>\n{box(a)}")
+        ],
         "think-unclosed": lambda r, a, w: [message(f"<think>I believe it is {box(a)} but")],
         "think-answer-unboxed": lambda r, a, w: [message(f"<think>hmm</think>{a}")],
         "reasoning-item-box": lambda r, a, w: [reasoning(f"It is {box(a)}."), message(a)],
@@ -195,7 +203,9 @@ PERSON = _obj(
 OPTIONAL = _obj({"title": {"type": "string"}, "score": {"type": "number"}}, required=["title"])
 NESTED = _obj(
     {
-        "user": _obj({"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}),
+        "user": _obj(
+            {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}
+        ),
         "active": {"type": "boolean"},
     }
 )
@@ -206,7 +216,12 @@ CHOICE = _obj(
         "value": {"anyOf": [{"type": "integer"}, _obj({"v": {"type": "string"}})]},
     }
 )
-PATTERN = _obj({"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"}, "email": {"type": "string", "format": "email"}})
+PATTERN = _obj(
+    {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"},
+        "email": {"type": "string", "format": "email"},
+    }
+)
 UNIQUE = _obj({"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}})
 MAP = {"type": "object", "additionalProperties": {"type": "integer"}}
 DRAFT7_TUPLE = {
@@ -232,8 +247,18 @@ def _docs(rng: random.Random) -> list[tuple[str, dict[str, Any] | list[Any] | bo
         ),
         ("points", POINTS, [{"x": x, "y": 1.5}, {"x": 0, "y": -x}], [{"x": x}]),
         ("choice", CHOICE, {"color": "red", "value": x}, {"color": "pink", "value": x}),
-        ("choice-obj", CHOICE, {"color": "blue", "value": {"v": name}}, {"color": "blue", "value": 1.5}),
-        ("pattern", PATTERN, {"code": f"ABC-{age}", "email": "not an email"}, {"code": "abc", "email": "a@b.c"}),
+        (
+            "choice-obj",
+            CHOICE,
+            {"color": "blue", "value": {"v": name}},
+            {"color": "blue", "value": 1.5},
+        ),
+        (
+            "pattern",
+            PATTERN,
+            {"code": f"ABC-{age}", "email": "not an email"},
+            {"code": "abc", "email": "a@b.c"},
+        ),
         ("unique", UNIQUE, {"ids": [1, 2, x + 100]}, {"ids": [1, 1]}),
         ("map", MAP, {"a": 1, name: x}, {"a": "1"}),
         ("draft7-tuple", DRAFT7_TUPLE, [1, "a"], ["a", 1]),
@@ -353,6 +378,7 @@ def structured_requests(seed: int, count: int) -> list[dict[str, Any]]:
         kind = ["json", "json", "yaml", "xml", "toml", "csv", "tool"][i % 7]
         i += 1
         fields: dict[str, Any] = {"schema_type": kind if kind != "tool" else "json"}
+        cases: dict[str, tuple[Items, dict[str, Any]]]
         if kind == "json":
             cases = {k: (v, {}) for k, v in _json_texts(rng, good, bad).items()}
         elif kind == "yaml":

@@ -43,7 +43,9 @@ def reference_rewards(lines: list[dict[str, Any]], timeout_s: float = 1800) -> l
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
         src.write_text(
-            "".join(json.dumps({"server": x["server"], "request": x["request"]}) + "\n" for x in lines)
+            "".join(
+                json.dumps({"server": x["server"], "request": x["request"]}) + "\n" for x in lines
+            )
         )
         env = {**os.environ, "PYTHONPATH": os.environ["RLFLEET_NEMO_GYM_SRC"]}
         subprocess.run(

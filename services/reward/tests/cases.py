@@ -204,7 +204,10 @@ STRUCTURED = [
     Case("toml", so_row(schema_type="toml"), 'name = "Ada"\nage = 36', 1.0),
     Case(
         "xml-coerced",
-        so_row(json.dumps({"type": "object", "properties": {"p": json.loads(PERSON)}}), schema_type="xml"),
+        so_row(
+            json.dumps({"type": "object", "properties": {"p": json.loads(PERSON)}}),
+            schema_type="xml",
+        ),
         "<p><name>Ada</name><age>36</age></p>",
         1.0,
     ),

@@ -67,7 +67,9 @@ def _proto_response(response: dict[str, Any]) -> reward_pb2.Response:
     return reward_pb2.Response(text="".join(text), reasoning_text="\n".join(reasoning))
 
 
-def _grpc_rewards(stub: reward_pb2_grpc.RewardServiceStub, entries: list[dict[str, Any]]) -> list[Any]:
+def _grpc_rewards(
+    stub: reward_pb2_grpc.RewardServiceStub, entries: list[dict[str, Any]]
+) -> list[Any]:
     def requests() -> Any:
         for i, entry in enumerate(entries):
             row = {k: v for k, v in entry["request"].items() if k != "response"}
@@ -90,7 +92,11 @@ def _differences(entries: list[dict[str, Any]], ours: list[Any]) -> list[str]:
     for entry, reward in zip(entries, ours, strict=True):
         if reward != entry["reward"]:
             output = json.dumps(entry["request"]["response"]["output"], ensure_ascii=False)
-            fields = {k: v for k, v in entry["request"].items() if k not in ("response", "responses_create_params")}
+            fields = {
+                k: v
+                for k, v in entry["request"].items()
+                if k not in ("response", "responses_create_params")
+            }
             out.append(
                 f"{entry['case']}: ours {reward!r}, NeMo-Gym {entry['reward']}\n"
                 f"    row {json.dumps(fields, ensure_ascii=False)[:300]}\n    output {output[:400]}"
@@ -100,8 +106,8 @@ def _differences(entries: list[dict[str, Any]], ours: list[Any]) -> list[str]:
 
 def _assert_same(entries: list[dict[str, Any]], ours: list[Any]) -> None:
     diffs = _differences(entries, ours)
-    assert not diffs, f"{len(diffs)} of {len(entries)} rewards differ from NeMo-Gym's:\n" + "\n".join(
-        diffs
+    assert not diffs, (
+        f"{len(diffs)} of {len(entries)} rewards differ from NeMo-Gym's:\n" + "\n".join(diffs)
     )
 
 
@@ -111,7 +117,9 @@ def test_recorded_fixture_covers_every_category(env: str) -> None:
     assert len(entries) >= 500
     seen = Counter(entry["case"].split("/")[0] for entry in entries)
     generated = Counter(line["case"].split("/")[0] for line in GENERATORS[env](0, len(entries)))
-    assert seen == generated, "the fixture is stale: re-record it (services/reward/parity/README.md)"
+    assert seen == generated, (
+        "the fixture is stale: re-record it (services/reward/parity/README.md)"
+    )
     rewards = Counter(entry["reward"] for entry in entries)
     assert rewards[0.0] > 50 and rewards[1.0] > 50, rewards
 
@@ -123,13 +131,17 @@ def test_recorded_rewards_match_over_http(reward_server: RewardServer, env: str)
 
 
 @pytest.mark.parametrize("env", ENVS)
-def test_recorded_rewards_match_over_grpc(stub: reward_pb2_grpc.RewardServiceStub, env: str) -> None:
+def test_recorded_rewards_match_over_grpc(
+    stub: reward_pb2_grpc.RewardServiceStub, env: str
+) -> None:
     # The proto carries no function_call items: tool_call-mode rows need the HTTP face.
     entries = [e for e in _recorded(env) if e["request"].get("response_mode") != "tool_call"]
     _assert_same(entries, _grpc_rewards(stub, entries))
 
 
-@pytest.mark.skipif(side_env_missing() is not None, reason=f"NeMo-Gym side env: {side_env_missing()}")
+@pytest.mark.skipif(
+    side_env_missing() is not None, reason=f"NeMo-Gym side env: {side_env_missing()}"
+)
 @pytest.mark.parametrize("env", ENVS)
 def test_live_rewards_match_nemo_gym(reward_server: RewardServer, env: str) -> None:
     lines = GENERATORS[env](12345, LIVE_COUNT)
@@ -168,7 +180,9 @@ def test_math_lenient_extraction_is_opt_in(
     assert body["reward"] == lenient, body["verifier_info"]
 
 
-SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}})
+SCHEMA = json.dumps(
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +200,9 @@ def test_structured_lenient_extraction_is_opt_in(
     row = {"schema_str": SCHEMA}
     body = _verify(reward_server.http_url, "structured_outputs", row, text)
     assert body["reward"] == default, body["verifier_info"]
-    body = _verify(reward_server.http_url, "structured_outputs", {**row, "extraction": "lenient"}, text)
+    body = _verify(
+        reward_server.http_url, "structured_outputs", {**row, "extraction": "lenient"}, text
+    )
     assert body["reward"] == lenient, body["verifier_info"]
 
 

@@ -114,9 +114,8 @@ def coerce_csv(rows: list[dict[str, Any]], schema: Any) -> list[dict[str, Any]]:
 
 def _csv_cell(value: Any, kind: Any) -> Any:
     if isinstance(kind, list):  # ["integer", "null"]: the first type the cell converts to
-        if value is None or value == "":
-            if "null" in kind:
-                return None
+        if (value is None or value == "") and "null" in kind:
+            return None
         for option in kind:
             if option == "null":
                 continue
