@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import httpx
 import pytest
@@ -39,20 +40,24 @@ def _recorded(env: str) -> list[dict[str, Any]]:
 
 
 async def _http_rewards(url: str, entries: list[dict[str, Any]]) -> list[Any]:
+    # aiohttp, not httpx: httpx's async pool stalls past ~16 concurrent requests.
     limit = asyncio.Semaphore(32)
 
-    async def one(client: httpx.AsyncClient, entry: dict[str, Any]) -> Any:
-        async with limit:
-            reply = await client.post(f"/{entry['env']}/verify", json=entry["request"])
-        if reply.status_code != 200:
-            return f"HTTP {reply.status_code}: {reply.text[:200]}"
-        body = reply.json()
+    async def one(session: aiohttp.ClientSession, entry: dict[str, Any]) -> Any:
+        async with (
+            limit,
+            session.post(f"{url}/{entry['env']}/verify", json=entry["request"]) as reply,
+        ):
+            if reply.status != 200:
+                return f"HTTP {reply.status}: {(await reply.text())[:200]}"
+            body = await reply.json()
         if body["failure_kind"]:
             return f"{body['failure_kind']}: {body['failure_reason']}"
         return body["reward"]
 
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        return await asyncio.gather(*(one(client, entry) for entry in entries))
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        return await asyncio.gather(*(one(session, entry) for entry in entries))
 
 
 def _proto_response(response: dict[str, Any]) -> reward_pb2.Response:
