@@ -164,3 +164,15 @@ def test_bundled_blend_is_listed_and_cli_reports_errors(tmp_path: Path) -> None:
         and "tiny-mix" in result.stderr
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["tiny-rlvr1", "tiny-rlvr2"])
+def test_tiny_math_stages_opt_in_to_lenient_extraction(tmp_path: Path, name: str) -> None:
+    """Their prompts ask for a bare answer; the math env's default (NeMo-Gym's rule) wants
+    a \\boxed{} one, which SmolLM2 never writes: without the opt-in every reward is 0."""
+    out, _ = prepare_rl(str(bundled_blends()[name]), PrepOptions(out=tmp_path / "d", val_rows=8))
+    rows = read(out / "train" / "data.jsonl") + read(out / "val" / "data.jsonl")
+    assert len(rows) == 300
+    assert all(r["agent_ref"] == {"name": "math"} for r in rows)
+    assert all(r["extraction"] == "lenient" for r in rows)
+    assert all("Reply with only the answer." in r["question"] for r in rows)

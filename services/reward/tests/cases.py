@@ -25,8 +25,11 @@ class Case:
     info: dict[str, str] = field(default_factory=dict)
 
 
-def math_row(expected: Any) -> dict[str, Any]:
-    return {"question": "q", "expected_answer": expected}
+def math_row(expected: Any, **extra: Any) -> dict[str, Any]:
+    return {"question": "q", "expected_answer": expected, **extra}
+
+
+LENIENT = {"extraction": "lenient"}
 
 
 MATH = [
@@ -49,8 +52,22 @@ MATH = [
         info={"verdict": "wrong"},
     ),
     Case("units-stripped", math_row("5"), r"\boxed{5\text{ cm}}", 1.0),
-    Case("final-answer-line", math_row("42"), "Adding up.\nFinal answer: 42", 1.0),
-    Case("the-answer-is", math_row("7"), "The answer is 7.", 1.0),
+    Case("final-answer-line", math_row("42", **LENIENT), "Adding up.\nFinal answer: 42", 1.0),
+    Case("the-answer-is", math_row("7", **LENIENT), "The answer is 7.", 1.0),
+    Case("bare-answer", math_row("7", **LENIENT), "7", 1.0),
+    Case(
+        "unboxed-by-default",
+        math_row("7"),
+        "The answer is 7.",
+        0.0,
+        info={"verdict": "no_boxed_answer"},
+    ),
+    Case("unclosed-last-box", math_row("7"), r"\boxed{7} or \boxed{7", 0.0),
+    Case("unclosed-last-box-lenient", math_row("7", **LENIENT), r"\boxed{7} or \boxed{7", 1.0),
+    Case("empty-box", math_row("7"), r"7 \boxed{ }", 0.0, info={"verdict": "no_boxed_answer"}),
+    Case("gold-in-dollars", math_row("$\\frac{1}{2}$"), r"\boxed{0.5}", 1.0),
+    Case("gold-in-parens", math_row("\\(\\frac{1}{2}\\)"), r"\boxed{1/2}", 1.0),
+    Case("bad-extraction", math_row("7", extraction="loose"), "7", invalid_field="row.extraction"),
     Case("sqrt-forms", math_row(r"\frac{\sqrt{2}}{2}"), r"\boxed{\sqrt{2}/2}", 1.0),
     Case("polynomial", math_row("(x+1)^2"), r"\boxed{x^2+2x+1}", 1.0),
     Case("negative", math_row("-3"), r"\boxed{-3}", 1.0),
@@ -58,12 +75,24 @@ MATH = [
     Case("last-boxed-wins", math_row("4"), r"first \boxed{4}, no wait: \boxed{5}", 0.0),
     Case("close-but-wrong", math_row("0.5"), r"\boxed{0.49}", 0.0),
     Case("wrong-integer", math_row("4"), r"\boxed{3}", 0.0),
-    Case("no-answer", math_row("4"), "I am not sure.", 0.0, info={"verdict": "no_answer"}),
-    Case("empty-response", math_row("4"), "", 0.0, info={"verdict": "no_answer"}),
-    Case("think-stripped", math_row("4"), r"<think>maybe \boxed{3}</think>It is \boxed{4}", 1.0),
+    Case("no-answer", math_row("4"), "I am not sure.", 0.0, info={"verdict": "no_boxed_answer"}),
+    Case("empty-response", math_row("4"), "", 0.0, info={"verdict": "no_boxed_answer"}),
     Case(
-        "truncated-think", math_row("4"), r"<think>so \boxed{4}", 0.0, info={"verdict": "no_answer"}
+        "no-answer-lenient",
+        math_row("4", **LENIENT),
+        "I am not sure.",
+        0.0,
+        info={"verdict": "no_answer"},
     ),
+    Case("think-stripped", math_row("4"), r"<think>maybe \boxed{3}</think>It is \boxed{4}", 1.0),
+    Case(  # lenient: cut off while reasoning, no answer; NeMo-Gym grades the box anyway
+        "truncated-think",
+        math_row("4", **LENIENT),
+        r"<think>so \boxed{4}",
+        0.0,
+        info={"verdict": "no_answer"},
+    ),
+    Case("truncated-think-default", math_row("4"), r"<think>so \boxed{4}", 1.0),
     Case("int-expected-type", math_row(12), r"\boxed{12}", 1.0),
     Case("missing-expected", {"question": "q"}, "1", invalid_field="row.expected_answer"),
     Case("null-expected", math_row(None), "1", invalid_field="row.expected_answer"),
@@ -157,7 +186,59 @@ def so_row(schema: Any = PERSON, **extra: Any) -> dict[str, Any]:
 
 STRUCTURED = [
     Case("valid", so_row(), '{"name": "Ada", "age": 36}', 1.0, info={"verdict": "valid"}),
-    Case("valid-fenced", so_row(), 'Here:\n```json\n{"name": "Ada", "age": 36}\n```', 1.0),
+    Case(
+        "valid-fenced-lenient",
+        so_row(extraction="lenient"),
+        'Here:\n```json\n{"name": "Ada", "age": 36}\n```',
+        1.0,
+    ),
+    Case(
+        "fenced-by-default",
+        so_row(),
+        '```json\n{"name": "Ada", "age": 36}\n```',
+        0.0,
+        info={"verdict": "parse_error"},
+    ),
+    Case("yaml", so_row(schema_type="yaml"), "name: Ada\nage: 36\n", 1.0),
+    Case("yaml-wrong-type", so_row(schema_type="yaml"), "name: Ada\nage: old\n", 0.0),
+    Case("toml", so_row(schema_type="toml"), 'name = "Ada"\nage = 36', 1.0),
+    Case(
+        "xml-coerced",
+        so_row(
+            json.dumps({"type": "object", "properties": {"p": json.loads(PERSON)}}),
+            schema_type="xml",
+        ),
+        "<p><name>Ada</name><age>36</age></p>",
+        1.0,
+    ),
+    Case(
+        "csv-coerced",
+        so_row(json.dumps({"type": "array", "items": json.loads(PERSON)}), schema_type="csv"),
+        "name,age\nAda,36\nBob,7\n",
+        1.0,
+    ),
+    Case(
+        "strict-optional-missing",
+        so_row(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})),
+        "{}",
+        0.0,
+        info={"verdict": "validation_error"},
+    ),
+    Case(
+        "lenient-optional-missing",
+        so_row(
+            json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}),
+            extraction="lenient",
+        ),
+        "{}",
+        1.0,
+    ),
+    Case(
+        "lenient-yaml",
+        so_row(schema_type="yaml", extraction="lenient"),
+        "{}",
+        invalid_field="row.extraction",
+    ),
     Case("valid-whitespace", so_row(), '\n  {"age": 1, "name": ""}  \n', 1.0),
     Case(
         "missing-required",
@@ -186,7 +267,7 @@ STRUCTURED = [
         "truncated-json", so_row(), '{"name": "Ada", "age": ', 0.0, info={"verdict": "parse_error"}
     ),
     Case("array-not-object", so_row(), "[1, 2]", 0.0, info={"verdict": "validation_error"}),
-    Case("empty", so_row(), "", 0.0, info={"verdict": "parse_error"}),
+    Case("empty", so_row(), "", 0.0, info={"verdict": "empty_response"}),
     Case(
         "trailing-text",
         so_row(),
@@ -247,7 +328,8 @@ STRUCTURED = [
         invalid_field="row.schema_str",
     ),
     Case("schema-is-number", so_row("3"), "{}", invalid_field="row.schema_str"),
-    Case("schema-type-xml", so_row(schema_type="xml"), "{}", invalid_field="row.schema_type"),
+    Case("schema-type-html", so_row(schema_type="html"), "{}", invalid_field="row.schema_type"),
+    Case("response-mode-bad", so_row(response_mode="x"), "{}", invalid_field="row.response_mode"),
 ]
 
 

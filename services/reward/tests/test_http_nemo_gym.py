@@ -106,10 +106,12 @@ def test_function_call_items_reach_tool_use(http: httpx.Client) -> None:
 
 
 def test_reasoning_in_message_text_is_stripped(http: httpx.Client) -> None:
-    body = nemo_request(
-        "q", nemo_response(r"<think>\boxed{3}</think>\boxed{4}"), expected_answer="4"
-    )
+    text = r"<think>\boxed{3}</think>\boxed{4}"
+    body = nemo_request("q", nemo_response(text), expected_answer="4", extraction="lenient")
     assert http.post("/math/verify", json=body).json()["reward"] == 1.0
+    # NeMo-Gym's math server reads the <think> part too: math-verify sees {3, 4}, not 4.
+    body = nemo_request("q", nemo_response(text), expected_answer="4")
+    assert http.post("/math/verify", json=body).json()["reward"] == 0.0
 
 
 def test_usage_tokens_feed_low_effort(http: httpx.Client) -> None:

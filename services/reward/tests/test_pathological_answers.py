@@ -19,6 +19,7 @@ from rlfleet_reward.text import extract_code
 from rlfleet_reward.types import FailureKind
 
 MATH_ROW = {"expected_answer": "3"}
+LENIENT_ROW = {"expected_answer": "3", "extraction": "lenient"}
 NESTED = "(" * 30 + "1" + ")" * 30
 
 
@@ -52,7 +53,9 @@ def _score(
 def test_math_pathological_answer_is_refused(
     stub: reward_pb2_grpc.RewardServiceStub, text: str, verdict: str, reason: str
 ) -> None:
-    result = _score(stub, "math", MATH_ROW, text)
+    # Lenient extraction reads unboxed text too; by default (NeMo-Gym's rule) an unboxed
+    # text is a 0 before any parsing, and the box's content gets the same checks.
+    result = _score(stub, "math", LENIENT_ROW, text)
     assert result.reward == 0.0
     assert result.info["verdict"] == verdict, dict(result.info)
     assert result.info.get("reason", "").startswith(reason), dict(result.info)
@@ -69,6 +72,39 @@ def test_math_pathological_answer_is_refused(
     ids=["spaces-then-answer", "long-then-boxed", "small-tower", "nested-ok"],
 )
 def test_math_long_or_nested_but_fine_answer_still_scores(
+    stub: reward_pb2_grpc.RewardServiceStub, text: str
+) -> None:
+    result = _score(stub, "math", LENIENT_ROW, text)
+    assert result.reward == 1.0, dict(result.info)
+
+
+@pytest.mark.parametrize(
+    ("text", "verdict", "reason"),
+    [
+        (r"\boxed{9^{9^{9^9}}}", "answer_too_complex", "power 9^9^9^9 has an exponent above"),
+        (r"\boxed{100000!}", "answer_too_complex", "factorial 100000! is above 10000!"),
+        (r"\boxed{" + NESTED + "}", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
+        (r"\boxed{" + "+".join("x" * 1000) + "}", "answer_too_long", "answer has 1999 char"),
+        ("(" * 50_000, "no_boxed_answer", ""),
+        (" " * 200_000 + "x", "no_boxed_answer", ""),
+    ],
+    ids=lambda v: str(v)[:24],
+)
+def test_math_pathological_answer_is_refused_by_default(
+    stub: reward_pb2_grpc.RewardServiceStub, text: str, verdict: str, reason: str
+) -> None:
+    result = _score(stub, "math", MATH_ROW, text)
+    assert result.reward == 0.0
+    assert result.info["verdict"] == verdict, dict(result.info)
+    assert result.info.get("reason", "").startswith(reason), dict(result.info)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a " * 100_000 + r"so \boxed{3}", "(" * 50_000 + r"\boxed{3}", "\n" * 200_000 + r"\boxed{3}"],
+    ids=["long-then-boxed", "brackets-then-boxed", "newlines-then-boxed"],
+)
+def test_math_long_text_with_a_box_scores_by_default(
     stub: reward_pb2_grpc.RewardServiceStub, text: str
 ) -> None:
     result = _score(stub, "math", MATH_ROW, text)

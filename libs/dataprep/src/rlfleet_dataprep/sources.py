@@ -43,11 +43,13 @@ def _reasoning_gym_dataset(task: str, seed: int, size: int, config: str) -> Any:
 
 
 def fill_reasoning_gym(spec: dict[str, Any]) -> Row:
-    """{task, seed, index, config?, suffix?, system?, score_with?} → the index-th item of
-    reasoning-gym's generator, scored by the `reasoning_gym` environment (the task's own
-    scorer), or with `score_with: math` by the `math` environment (math-verify on the
-    answer, for tasks with numeric answers). `suffix` is appended to the question (an
-    answer-format instruction); `system` adds a system message."""
+    """{task, seed, index, config?, suffix?, system?, score_with?, extraction?} → the
+    index-th item of reasoning-gym's generator, scored by the `reasoning_gym` environment
+    (the task's own scorer), or with `score_with: math` by the `math` environment
+    (math-verify on the answer, for tasks with numeric answers; `extraction` is copied to
+    the row: `lenient` for prompts that ask for a bare, unboxed answer). `suffix` is
+    appended to the question (an answer-format instruction); `system` adds a system
+    message."""
     task, seed, index = spec["task"], int(spec.get("seed", 0)), int(spec["index"])
     config = json.dumps(spec.get("config", {}), sort_keys=True)
     size = max(int(spec.get("size", 0)), index + 1)
@@ -65,6 +67,7 @@ def fill_reasoning_gym(spec: dict[str, Any]) -> Row:
             "task": task,
             "question": question,
             "expected_answer": str(item["answer"]),
+            **({"extraction": str(spec["extraction"])} if spec.get("extraction") else {}),
         }
     return {
         "responses_create_params": params,

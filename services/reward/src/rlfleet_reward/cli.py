@@ -76,7 +76,8 @@ def score_command(
         sandbox=SandboxConfig(target=sandbox_target),
     )
     text, reasoning = split_reasoning(response)
-    return asyncio.run(_score(config, env, row, Sample(text, reasoning, num_tokens)))
+    sample = Sample(text, reasoning, num_tokens, output_text=response)  # as one message holds it
+    return asyncio.run(_score(config, env, row, sample))
 
 
 async def _score(

@@ -29,7 +29,12 @@ def sample_from_proto(response: reward_pb2.Response) -> Sample:
     text, reasoning = response.text, response.reasoning_text
     if not reasoning and ("<think>" in text or "</think>" in text):
         text, reasoning = split_reasoning(text)
-    return Sample(text=text, reasoning_text=reasoning, num_tokens=max(0, response.num_tokens))
+    return Sample(
+        text=text,
+        reasoning_text=reasoning,
+        num_tokens=max(0, response.num_tokens),
+        output_text=response.text,  # as a NeMo-Gym message holding it would be read
+    )
 
 
 def result_to_proto(request_id: str, env: str, score: Score) -> reward_pb2.ScoreResult:

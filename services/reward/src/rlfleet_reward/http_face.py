@@ -129,6 +129,7 @@ def sample_from_response(response: Any, check: JsonCheck) -> Sample:
         reasoning_text="\n".join([*reasoning, think]).strip(),
         num_tokens=tokens,
         tool_calls=tuple(calls),
+        output_text="".join(texts),  # NeMo-Gym's own join: no separator, <think> kept
     )
 
 

@@ -47,6 +47,27 @@ def find_boxed(text: str) -> list[str]:
     return [text[start : closing[start]] for start in starts if start in closing]
 
 
+def last_complete_boxed(text: str) -> str | None:
+    r"""NeMo-Gym's gate: the contents of the *last* `\boxed{` if its braces close, else None
+    (an earlier complete box does not count; `\fbox{` and `\boxed {` are not boxes).
+
+    >>> last_complete_boxed(r"\boxed{1} then \boxed{\frac{1}{2}}")
+    '\\frac{1}{2}'
+    >>> last_complete_boxed(r"\boxed{1} then \boxed{2") is None
+    True
+    """
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    start += len("\\boxed{")
+    depth = 1
+    for match in re.finditer(r"[{}]", text[start:]):
+        depth += 1 if match.group() == "{" else -1
+        if depth == 0:
+            return text[start : start + match.start()]
+    return None
+
+
 # "Final answer[ is][:] X", "The answer is[:] X", "Answer: X" (a bare "answer" needs the colon).
 _FINAL_LINE = re.compile(
     r"(?:final answer\s*(?:is)?\s*[:：]?|the answer is\s*[:：]?|answer\s*[:：])\s*(.+)$",

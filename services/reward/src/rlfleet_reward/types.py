@@ -43,13 +43,22 @@ class Sample:
 
     text: the final answer (reasoning stripped); reasoning_text: the thinking part;
     num_tokens: generated tokens (0 = unknown); tool_calls: calls the model made, if the
-    face received them as structured items (the HTTP face's `function_call` outputs).
+    face received them as structured items (the HTTP face's `function_call` outputs);
+    output_text: the assistant text exactly as NeMo-Gym's servers read it (every `message`
+    item's `output_text` joined with no separator, any <think> part kept, `reasoning`
+    items left out); None when the face has only `text` (then `text` stands in).
     """
 
     text: str
     reasoning_text: str = ""
     num_tokens: int = 0
     tool_calls: tuple[ToolCall, ...] = ()
+    output_text: str | None = None
+
+    @property
+    def nemo_gym_text(self) -> str:
+        """What a NeMo-Gym resources server would grade: `output_text`, else `text`."""
+        return self.text if self.output_text is None else self.output_text
 
 
 @dataclass

@@ -96,6 +96,7 @@ def reasoning_gym(
     score_with: str = "reasoning_gym",
     suffix: str = "",
     system: str = "",
+    extraction: str = "",
 ) -> list[dict[str, object]]:
     spec = {
         "source": "reasoning_gym",
@@ -106,6 +107,7 @@ def reasoning_gym(
         **({"score_with": score_with} if score_with != "reasoning_gym" else {}),
         **({"suffix": suffix} if suffix else {}),
         **({"system": system} if system else {}),
+        **({"extraction": extraction} if extraction else {}),
     }
     return [
         {"_placeholder": {**spec, "index": i}, "agent_ref": {"name": score_with}} for i in range(n)
@@ -122,8 +124,14 @@ def indexed(source: str, env: str, indices: range) -> list[dict[str, object]]:
 BLENDS: dict[str, list[dict[str, object]]] = {
     # The tiny pipeline (`rlfleet run`): one blend per RLVR stage, each learnable by
     # SmolLM2-135M on 2 CPU cores in a few minutes.
-    "tiny-rlvr1": reasoning_gym("basic_arithmetic", 300, 11, ADDITION, "math", BRIEF, TERSE),
-    "tiny-rlvr2": reasoning_gym("basic_arithmetic", 300, 12, MINUS_TIMES, "math", BRIEF, TERSE),
+    # The prompts ask for a bare answer (BRIEF), so the math rows opt in to the reward's
+    # lenient extraction (NeMo-Gym's default rule wants a \\boxed{} answer).
+    "tiny-rlvr1": reasoning_gym(
+        "basic_arithmetic", 300, 11, ADDITION, "math", BRIEF, TERSE, extraction="lenient"
+    ),
+    "tiny-rlvr2": reasoning_gym(
+        "basic_arithmetic", 300, 12, MINUS_TIMES, "math", BRIEF, TERSE, extraction="lenient"
+    ),
     "tiny-rlvr3": instruction_following(300),
     "tiny-mix": [
         *reasoning_gym("basic_arithmetic", 150, seed=1, config=EASY_ARITHMETIC),

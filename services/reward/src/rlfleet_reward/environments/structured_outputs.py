@@ -1,13 +1,29 @@
-"""`structured_outputs`: the response must be a JSON document valid under a JSON schema.
+"""`structured_outputs`: the response must be a document valid under a JSON schema.
 
-Row fields (NeMo-Gym structured-outputs shape):
+Row fields (NeMo-Gym structured-outputs shape; its other fields are accepted and ignored):
 - `schema_str` (required): the JSON schema, as a JSON string (an object is accepted too).
-- `schema_type` (optional): `json` (the only kind supported; others are refused).
+- `schema_type` (optional, default `json`): `json`, `yaml`, `xml`, `toml` or `csv`.
+- `response_mode` (optional, default `text`): `text` grades the assistant text;
+  `tool_call` grades the arguments of the response's one `function_call` item.
+- `tool_name` (optional): with `tool_call`, the function the model must call.
+- `tool_payload_key` (optional): with `tool_call`, the argument that holds the document.
+- `extraction` (optional): `nemo_gym` (default) or `lenient` (json only).
 
-The response may wrap the document in a ```json fence. Reward 1 when it parses and
-validates; otherwise 0 with `info.verdict` = `parse_error` or `validation_error` and the
-first error's message and path, so the two failure modes can be told apart in metrics.
-A schema that is not valid JSON Schema is a bad row (INVALID_ARGUMENT), not a 0.
+`nemo_gym` gives the reward of NeMo-Gym 0.7's `structured_outputs` server (docs/reward.md
+"Parity with NeMo-Gym"): the whole assistant text (every `message` item's output text
+joined, a <think> part included) must parse as `schema_type` — a ```json fence or prose
+around the document is a parse error — and validate under the schema made strict (every
+listed property required, no others: structured_formats.py), as JSON Schema 2020-12
+whatever `$schema` says; XML and CSV values are coerced to the schema's types first.
+`lenient` (rlfleet's earlier behaviour): the last ```json fence (or the whole text) is
+parsed as JSON and validated under the schema as written (by its `$schema` draft).
+
+Reward 1 when it parses and validates; otherwise 0 with `info.verdict` = `empty_response`,
+`parse_error`, `validation_error` (or, in tool_call mode, `missing_tool_call`,
+`multiple_tool_calls`, `wrong_tool_name`, `tool_arguments_parse_error`,
+`missing_tool_payload_key`) and the first error's message, so failure modes can be told
+apart in metrics. A schema that is not valid JSON Schema is a bad row (INVALID_ARGUMENT),
+not a 0.
 
 Regex keywords (`pattern`, `patternProperties`, and `additionalProperties` next to them)
 run on the `regex` engine under one CPU-time budget per answer (`PATTERN_BUDGET_S`): a pattern
@@ -28,7 +44,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rlfleet_reward.environments.base import Environment, choice, require
+from rlfleet_reward.environments.base import Environment, choice, optional_str, require
+from rlfleet_reward.environments.structured_formats import (
+    SCHEMA_TYPES,
+    coerce_csv,
+    coerce_xml,
+    parse_document,
+    strict_schema,
+)
 from rlfleet_reward.text import extract_json_text
 from rlfleet_reward.types import RowError, Sample, Score, binary
 
@@ -81,15 +104,34 @@ def _install_timed_re() -> None:
 @dataclass(frozen=True)
 class StructuredSpec:
     schema_str: str
+    schema_type: str = "json"
+    extraction: str = "nemo_gym"
+    response_mode: str = "text"
+    tool_name: str | None = None
+    tool_payload_key: str | None = None
 
 
 @functools.lru_cache(maxsize=1024)
 def _validator(schema_str: str) -> Any:
-    """The compiled validator for a schema; schemas repeat across a dataset's rows."""
+    """The compiled validator for a schema as written (by its `$schema` draft); schemas
+    repeat across a dataset's rows."""
     import jsonschema
 
     schema = json.loads(schema_str)
     cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return jsonschema.validators.extend(cls, {"uniqueItems": _unique_items})(schema)
+
+
+@functools.lru_cache(maxsize=1024)
+def _strict_validator(schema_str: str) -> Any:
+    """NeMo-Gym's validator: the strict schema under JSON Schema 2020-12 (what its
+    openapi-schema-validator OAS 3.1 validator checks, formats not asserted); raises
+    jsonschema.SchemaError when making the schema strict broke it."""
+    import jsonschema
+
+    schema = strict_schema(schema_str)
+    cls = jsonschema.Draft202012Validator
     cls.check_schema(schema)
     return jsonschema.validators.extend(cls, {"uniqueItems": _unique_items})(schema)
 
@@ -128,10 +170,19 @@ def _short(instance: Any) -> str:
 
 class StructuredOutputsEnvironment(Environment):
     name: ClassVar[str] = "structured_outputs"
-    description: ClassVar[str] = "JSON output validated against the row's JSON schema (jsonschema)."
+    description: ClassVar[str] = (
+        "JSON/YAML/XML/TOML/CSV output validated against the row's JSON schema, as NeMo-Gym's "
+        "structured_outputs server does."
+    )
     required_fields: ClassVar[tuple[str, ...]] = ("schema_str",)
-    optional_fields: ClassVar[tuple[str, ...]] = ("schema_type",)
-    preload_modules: ClassVar[tuple[str, ...]] = ("jsonschema", "regex")
+    optional_fields: ClassVar[tuple[str, ...]] = (
+        "schema_type",
+        "response_mode",
+        "tool_name",
+        "tool_payload_key",
+        "extraction",
+    )
+    preload_modules: ClassVar[tuple[str, ...]] = ("jsonschema", "regex", "yaml", "xmltodict")
 
     def parse_row(self, row: Mapping[str, Any]) -> StructuredSpec:
         import jsonschema
@@ -143,7 +194,11 @@ class StructuredOutputsEnvironment(Environment):
             raise RowError(
                 "schema_str", f"expected a JSON schema as a string, got {type(raw).__name__}"
             )
-        choice(row, "schema_type", ("json",), "json")
+        schema_type = choice(row, "schema_type", SCHEMA_TYPES, "json")
+        extraction = choice(row, "extraction", ("nemo_gym", "lenient"), "nemo_gym")
+        if extraction == "lenient" and schema_type != "json":
+            raise RowError("extraction", f"lenient reads JSON only; schema_type is {schema_type}")
+        mode = choice(row, "response_mode", ("text", "tool_call"), "text")
         try:
             schema = json.loads(raw)
         except json.JSONDecodeError as exc:
@@ -159,10 +214,52 @@ class StructuredOutputsEnvironment(Environment):
             _validator(raw)
         except jsonschema.SchemaError as exc:
             raise RowError("schema_str", f"not a valid JSON schema: {exc.message}") from None
-        return StructuredSpec(schema_str=raw)
+        tool_name = optional_str(row, "tool_name", "") or None
+        payload_key = optional_str(row, "tool_payload_key", "") or None
+        return StructuredSpec(raw, schema_type, extraction, mode, tool_name, payload_key)
 
     def score(self, spec: StructuredSpec, sample: Sample) -> Score:
         _install_timed_re()
+        if spec.extraction == "lenient":
+            return self._score_lenient(spec, sample)
+        if spec.response_mode == "tool_call":
+            return self._score_tool_call(spec, sample)
+        text = sample.nemo_gym_text
+        if not text.strip():
+            return binary("schema_valid", False, verdict="empty_response")
+        if len(text) > MAX_DOCUMENT_CHARS:
+            reason = f"document has {len(text)} characters (limit {MAX_DOCUMENT_CHARS})"
+            return binary("schema_valid", False, verdict="answer_too_long", reason=reason)
+        try:
+            document = parse_document(spec.schema_type, text)
+        except Exception as exc:  # whatever the format's parser raises is the model's error
+            return binary("schema_valid", False, verdict="parse_error", error=_error(exc))
+        return _validate_strict(spec, document)
+
+    def _score_tool_call(self, spec: StructuredSpec, sample: Sample) -> Score:
+        calls = sample.tool_calls
+        if len(calls) != 1:
+            verdict = "missing_tool_call" if not calls else "multiple_tool_calls"
+            names = ", ".join(call.name for call in calls)
+            return binary("schema_valid", False, verdict=verdict, called=names)
+        call = calls[0]
+        if spec.tool_name and call.name != spec.tool_name:
+            return binary("schema_valid", False, verdict="wrong_tool_name", called=call.name)
+        document: Any = call.arguments
+        if UNPARSABLE_ARGUMENTS in document:  # not an object: NeMo-Gym validates any JSON
+            try:
+                document = json.loads(document[UNPARSABLE_ARGUMENTS])
+            except (TypeError, ValueError) as exc:
+                return binary(
+                    "schema_valid", False, verdict="tool_arguments_parse_error", error=_error(exc)
+                )
+        if spec.tool_payload_key:
+            if not isinstance(document, dict) or spec.tool_payload_key not in document:
+                return binary("schema_valid", False, verdict="missing_tool_payload_key")
+            document = document[spec.tool_payload_key]
+        return _validate_strict(spec, document, coerce=False)
+
+    def _score_lenient(self, spec: StructuredSpec, sample: Sample) -> Score:
         document = extract_json_text(sample.text)
         if len(document) > MAX_DOCUMENT_CHARS:
             reason = f"document has {len(document)} characters (limit {MAX_DOCUMENT_CHARS})"
@@ -176,17 +273,50 @@ class StructuredOutputsEnvironment(Environment):
                 verdict="parse_error",
                 error=f"{exc.msg} at line {exc.lineno} column {exc.colno}",
             )
-        _TIMED_RE.deadline = time.process_time() + PATTERN_BUDGET_S
-        try:
-            error = next(iter(_validator(spec.schema_str).iter_errors(instance)), None)
-        except PatternTimeout as exc:
-            reason = f"pattern {exc.args[0]!r} ran over {PATTERN_BUDGET_S} s of CPU on the answer"
-            return binary("schema_valid", False, verdict="pattern_timeout", reason=reason[:300])
-        finally:
-            _TIMED_RE.deadline = float("inf")
-        if error is not None:
-            path = "/".join(str(p) for p in error.absolute_path) or "<root>"
-            return binary(
-                "schema_valid", False, verdict="validation_error", error=error.message, path=path
-            )
-        return binary("schema_valid", True, verdict="valid")
+        return _first_error(_validator(spec.schema_str), instance)
+
+
+UNPARSABLE_ARGUMENTS = "<unparsable arguments>"
+"""The key under which the HTTP face passes on a function_call's arguments that are not a
+JSON object (as written)."""
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _validate_strict(spec: StructuredSpec, document: Any, *, coerce: bool = True) -> Score:
+    import jsonschema
+
+    try:
+        validator = _strict_validator(spec.schema_str)
+    except jsonschema.SchemaError as exc:  # the strict form of a valid schema can be invalid
+        reason = f"the schema made strict is not valid: {exc.message}"
+        return binary("schema_valid", False, verdict="validation_error", error=reason[:300])
+    try:
+        if coerce and spec.schema_type == "xml":
+            document = coerce_xml(document, validator.schema)
+        elif coerce and spec.schema_type == "csv":
+            document = coerce_csv(document, validator.schema)
+    except Exception as exc:  # a document the coercion cannot walk does not validate
+        return binary("schema_valid", False, verdict="validation_error", error=_error(exc))
+    return _first_error(validator, document)
+
+
+def _first_error(validator: Any, instance: Any) -> Score:
+    _TIMED_RE.deadline = time.process_time() + PATTERN_BUDGET_S
+    try:
+        error = next(iter(validator.iter_errors(instance)), None)
+    except PatternTimeout as exc:
+        reason = f"pattern {exc.args[0]!r} ran over {PATTERN_BUDGET_S} s of CPU on the answer"
+        return binary("schema_valid", False, verdict="pattern_timeout", reason=reason[:300])
+    except Exception as exc:  # e.g. a key xmltodict/csv made that jsonschema cannot compare
+        return binary("schema_valid", False, verdict="validation_error", error=_error(exc))
+    finally:
+        _TIMED_RE.deadline = float("inf")
+    if error is not None:
+        path = "/".join(str(p) for p in error.absolute_path) or "<root>"
+        return binary(
+            "schema_valid", False, verdict="validation_error", error=error.message, path=path
+        )
+    return binary("schema_valid", True, verdict="valid")
