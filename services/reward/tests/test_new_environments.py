@@ -177,9 +177,7 @@ def test_nemo_gym_math_with_code_example_rows_load_and_score() -> None:
     for row in _example_rows("math_with_code"):
         boxed = f"\\boxed{{{row['expected_result']}}}"
         verdicts.append(env.score(env.parse_row(row), Sample(boxed)).info["verdict"])
-    # Known: math's answer_limits joins `^{2016}}{6}` into the exponent 20166 and refuses
-    # the second example's own gold answer (reported; answer_limits.py is math's).
-    assert verdicts == ["correct", "answer_too_complex", "correct", "correct", "correct"]
+    assert verdicts == ["correct"] * 5
 
 
 def test_nemo_gym_lean_example_rows_pass_the_row_check_and_are_refused() -> None:

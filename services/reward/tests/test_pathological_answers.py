@@ -16,6 +16,7 @@ import pytest
 from reward_support import score_request
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.text import extract_code
+from rlfleet_reward.environments.answer_limits import answer_problem
 from rlfleet_reward.types import FailureKind
 
 MATH_ROW = {"expected_answer": "3"}
@@ -181,3 +182,20 @@ def test_fence_search_is_linear() -> None:
     start = time.perf_counter()
     assert extract_code("```" * 60_000) == "```" * 60_000
     assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (r"\frac{2^{2016}}{6}", None),  # NeMo-Gym math_with_code's own gold answer
+        (r"(2+\sqrt{3})^{2016}\cdot 7", None),
+        (r"\frac{3^{100}}{2}(5)", None),
+        (r"\frac{2^{20000}}{6}", "answer_too_complex"),
+        (r"2^{10^{10}}", "answer_too_complex"),
+    ],
+)
+def test_group_boundaries_do_not_join_numbers_into_one_exponent(
+    answer: str, problem: str | None
+) -> None:
+    found = answer_problem(answer)
+    assert (found[0] if found else None) == problem, found

@@ -26,6 +26,7 @@ _BLANK_LINES = re.compile(r"\n\s*\n+")
 _OPEN, _CLOSE = "([{", ")]}"
 _POWER_CHAIN = re.compile(r"\d+(?:\^-?\d+)+")
 _FACTORIAL = re.compile(r"(\d+)(\^-?\d+)*!")
+_GROUP_END = re.compile(r"[)}\]]\s*(?=[\d({\[])")
 
 
 def bounded_tail(text: str) -> str:
@@ -58,7 +59,10 @@ def answer_problem(answer: str, *, max_chars: int = MAX_ANSWER_CHARS) -> tuple[s
 def _huge_number(answer: str) -> str | None:
     # Brackets and spacing do not change which literals a tower stacks, and reading every
     # tower right-associatively only overestimates: `(2^3)^4` is checked as 2^(3^4).
-    flat = re.sub(r"[\s{}()]|\\left|\\right", "", answer).replace("**", "^")
+    # A closing bracket followed by a number or an opening bracket ends a group (`}{` between
+    # \frac's arguments): mark it, or `\frac{2^{2016}}{6}` would read as the power 2^20166.
+    marked = _GROUP_END.sub("|", answer)
+    flat = re.sub(r"[\s{}()]|\\left|\\right", "", marked).replace("**", "^")
     for match in _POWER_CHAIN.finditer(flat):
         numbers = [_small_int(n) for n in match.group().split("^")]
         exponent = numbers[-1]
