@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from grpc import aio
+from rlfleet_contracts.rows import NEMO_GYM_NAMES
 from rlfleet_core.errors import InvalidArgument, ResourceExhausted
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 
@@ -30,6 +31,11 @@ def sample_from_proto(response: reward_pb2.Response) -> Sample:
     if not reasoning and ("<think>" in text or "</think>" in text):
         text, reasoning = split_reasoning(text)
     return Sample(text=text, reasoning_text=reasoning, num_tokens=max(0, response.num_tokens))
+
+
+def _env(name: str) -> str:
+    """Our environment for `name` (NeMo-Gym agent and server names mapped)."""
+    return NEMO_GYM_NAMES.get(name, name)
 
 
 def result_to_proto(request_id: str, env: str, score: Score) -> reward_pb2.ScoreResult:
@@ -62,7 +68,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         row = self.gateway.parse_row_json(request.row_json)
         try:
             score = await self.gateway.score(
-                request.env, row, sample_from_proto(request.response), context.time_remaining()
+                _env(request.env),
+                row,
+                sample_from_proto(request.response),
+                context.time_remaining(),
             )
         except Overloaded as exc:
             raise ResourceExhausted(str(exc)) from None
@@ -78,7 +87,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         samples = [sample_from_proto(r) for r in request.responses]
         try:
             scores = await self.gateway.score_group(
-                request.env, row, samples, context.time_remaining()
+                _env(request.env), row, samples, context.time_remaining()
             )
         except Overloaded as exc:
             raise ResourceExhausted(str(exc)) from None
@@ -94,7 +103,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             self._check_size(request)
             row = self.gateway.parse_row_json(request.row_json)
             score = await self.gateway.score(
-                request.env, row, sample_from_proto(request.response), deadline_s
+                _env(request.env), row, sample_from_proto(request.response), deadline_s
             )
         except InvalidArgument as exc:
             score = failure(FailureKind.INVALID_ROW, exc.message)
