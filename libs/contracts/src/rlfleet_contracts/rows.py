@@ -45,6 +45,8 @@ class SourceRow:
 # (`agent_ref.name` in older rows, `task_source` in what `ng_prepare_data` 0.7 writes), and
 # each agent fronts one resources server; both kinds of name are listed. Taken from
 # nemo-gym 0.7.0's resources_servers/<server>/configs/*.yaml; docs/reward.md has the table.
+# Not mapped: single_step_tool_use_with_argument_comparison (its expected action may be a
+# plain message, which our `tool_use` cannot express) and servers we have no environment for.
 NEMO_GYM_SERVERS: dict[str, tuple[str, tuple[str, ...]]] = {
     # resources server: (our environment, the agent names its configs declare)
     "math_with_judge": ("math", ("math_with_judge_simple_agent",)),
@@ -74,13 +76,6 @@ NEMO_GYM_SERVERS: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "code_gen": ("code", ("code_gen_simple_agent",)),
-    "single_step_tool_use_with_argument_comparison": (
-        "tool_use",
-        (
-            "single_step_tool_use_with_argument_comparison_agent",
-            "single_step_tool_use_with_argument_comparison_resources_server",
-        ),
-    ),
 }
 
 NEMO_GYM_NAMES: dict[str, str] = {

@@ -1,9 +1,7 @@
 """`tool_use`: a single-step tool call, compared by name and arguments.
 
 Row fields:
-- `expected_tool_call` (required): `{"name": str, "arguments": object or JSON string}`;
-  NeMo-Gym's `expected_action` (a `function_call` item) is read the same way when
-  `expected_tool_call` is absent.
+- `expected_tool_call` (required): `{"name": str, "arguments": object or JSON string}`.
 - `argument_match` (optional): `exact` (default: equal after JSON decoding, 1 == 1.0) or
   `normalized` (also trims and case-folds strings and compares numbers to 1e-6).
 - `partial_credit` (optional, default false): reward = 0.5·(name matches) +
@@ -117,25 +115,20 @@ class ToolUseEnvironment(Environment):
     )
 
     def parse_row(self, row: Mapping[str, Any]) -> ToolUseSpec:
-        # NeMo-Gym's single_step_tool_use_with_argument_comparison rows carry the call as
-        # `expected_action` (a Responses function_call item: type, name, arguments).
-        key = (
-            "expected_action"
-            if row.get("expected_tool_call") is None and row.get("expected_action") is not None
-            else "expected_tool_call"
-        )
-        expected = require(row, key)
+        expected = require(row, "expected_tool_call")
         if not isinstance(expected, dict):
             raise RowError(
-                key,
+                "expected_tool_call",
                 f"expected an object with name and arguments, got {type(expected).__name__}",
             )
         name = expected.get("name")
         if not isinstance(name, str) or not name.strip():
-            raise RowError(f"{key}.name", "required: the function name")
+            raise RowError("expected_tool_call.name", "required: the function name")
         arguments = decode_arguments(expected.get("arguments", {}))
         if arguments is None:
-            raise RowError(f"{key}.arguments", "expected an object or a JSON string of one")
+            raise RowError(
+                "expected_tool_call.arguments", "expected an object or a JSON string of one"
+            )
         normalized = choice(row, "argument_match", ("exact", "normalized"), "exact") == "normalized"
         return ToolUseSpec(
             name, json.dumps(arguments), normalized, optional_bool(row, "partial_credit", False)
