@@ -15,8 +15,13 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
-from reward_support import RewardServer, nemo_request, nemo_response, start_reward_server
-from reward_support import stop_reward_server
+from reward_support import (
+    RewardServer,
+    nemo_request,
+    nemo_response,
+    start_reward_server,
+    stop_reward_server,
+)
 from rlfleet_reward.nemo_gym_metrics import aggregate_metrics
 
 
