@@ -183,3 +183,12 @@ def test_default_env_routes_rows_that_name_none(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "math 1" in done.stdout
+
+
+def test_bundled_mixed_blend_passes_the_row_check(tmp_path: Path) -> None:
+    # It used to ship 28 IFBench rows whose instruction ids the gateway refuses.
+    _, manifest = prepare_rl("tiny-mix", PrepOptions(out=tmp_path))
+    assert manifest.options["row_check"] == "reward environments"
+    mix = manifest.splits["train"]["env_mix"]
+    assert sum(manifest.splits[s]["rows"] for s in ("train", "val")) == 300
+    assert set(mix) == {"code", "instruction_following", "reasoning_gym"}
