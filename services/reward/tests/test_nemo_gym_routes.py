@@ -1,5 +1,5 @@
 """The resources-server routes a NeMo-Gym agent calls besides /verify: `/seed_session`,
-`/aggregate_metrics`, `/reverify_mode`, at the root and per environment, over real HTTP;
+`/close_session`, `/aggregate_metrics`, `/reverify_mode`, at the root and per environment, over real HTTP;
 and the aggregation itself against NeMo-Gym's own `compute_aggregate_metrics` where the
 side environment is available (RLFLEET_NEMO_GYM_PYTHON, RLFLEET_NEMO_GYM_SRC)."""
 
@@ -40,6 +40,10 @@ def test_seed_session_answers_both_request_shapes(http: httpx.Client, prefix: st
     # ... an Environment Server seeds with a session id and gets it back.
     seed = {"resources_session_id": "s-1", "episode_id": "e", "task_id": {}, "task_data": {}}
     assert http.post(f"{prefix}/seed_session", json=seed).json() == {"resources_session_id": "s-1"}
+    close = {"resources_session_id": "s-1", "episode_id": "e"}
+    assert http.post(f"{prefix}/close_session", json=close).json() == {
+        "resources_session_id": "s-1"
+    }
 
 
 @pytest.mark.parametrize("prefix", ["", "/code"])
@@ -54,6 +58,8 @@ def test_reverify_mode_is_stateless(http: httpx.Client, prefix: str) -> None:
         ("/seed_session", [1], ""),
         ("/seed_session", {"resources_session_id": 5}, "resources_session_id"),
         ("/nope/seed_session", {}, "env"),
+        ("/close_session", {}, "resources_session_id"),
+        ("/math/close_session", [], "resources_session_id"),
         ("/aggregate_metrics", {}, "verify_responses"),
         ("/aggregate_metrics", {"verify_responses": [1]}, "verify_responses[0]"),
         ("/aggregate_metrics", {"verify_responses": [{"x": 1}]}, "verify_responses[0].reward"),
@@ -134,11 +140,13 @@ def test_routes_need_the_token_when_one_is_set(tmp_path: Path) -> None:
             for method, path in (
                 ("POST", "/seed_session"),
                 ("POST", "/math/seed_session"),
+                ("POST", "/close_session"),
                 ("POST", "/aggregate_metrics"),
                 ("POST", "/math/aggregate_metrics"),
                 ("GET", "/reverify_mode"),
             ):
                 body = {"verify_responses": []} if "aggregate" in path else {}
+                body = {"resources_session_id": "s"} if "close" in path else body
                 kwargs: dict[str, Any] = {"json": body} if method == "POST" else {}
                 assert client.request(method, path, **kwargs).status_code == 401, path
                 authed = client.request(

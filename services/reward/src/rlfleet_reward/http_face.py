@@ -7,6 +7,7 @@ row's `env`, `agent_ref.name` or `task_source` (NeMo-Gym agent names mapped by
 - `POST /verify`: score one response (below).
 - `POST /seed_session`: verifiable environments keep no per-episode state; answers `{}`,
   or `{"resources_session_id": id}` to an Environment Server's seed that carries one.
+- `POST /close_session`: `{"resources_session_id": id}` back (nothing to release).
 - `POST /aggregate_metrics`: `{"verify_responses": [...]}` -> NeMo-Gym's AggregateMetrics
   (`nemo_gym_metrics.py` says what is computed).
 - `GET /reverify_mode`: `"stateless"` (verifying the same request again gives the same
@@ -290,6 +291,17 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
             return _error(exc)
         return JSONResponse({"resources_session_id": session})
 
+    async def close_session(env: str | None, request: Request) -> JSONResponse:
+        try:
+            check_env(env)
+            body = await read_json(request)
+            session = body.get("resources_session_id") if isinstance(body, dict) else None
+            if not isinstance(session, str) or not session:
+                raise InvalidArgument("resources_session_id", "required: a non-empty string")
+        except InvalidArgument as exc:
+            return _error(exc)
+        return JSONResponse({"resources_session_id": session})
+
     async def aggregate(env: str | None, request: Request) -> JSONResponse:
         try:
             check_env(env)
@@ -322,6 +334,14 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
     @app.post("/{env}/seed_session")
     async def seed_session_env(env: str, request: Request) -> JSONResponse:
         return await seed_session(env, request)
+
+    @app.post("/close_session")
+    async def close_session_root(request: Request) -> JSONResponse:
+        return await close_session(None, request)
+
+    @app.post("/{env}/close_session")
+    async def close_session_env(env: str, request: Request) -> JSONResponse:
+        return await close_session(env, request)
 
     @app.post("/aggregate_metrics")
     async def aggregate_root(request: Request) -> JSONResponse:
