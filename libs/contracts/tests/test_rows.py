@@ -88,3 +88,45 @@ def test_split_files_and_manifest(tmp_path: Path) -> None:
     assert json.loads(lines[1])["env"] == "mcqa"
     path = write_manifest(tmp_path, Manifest(blend="b", sources={"x": "y"}, splits={"train": info}))
     assert json.loads(path.read_text())["splits"]["train"]["rows"] == 2
+
+
+def test_nemo_gym_agent_and_server_names_map_to_environments() -> None:
+    from rlfleet_contracts.rows import NEMO_GYM_NAMES, env_ref
+
+    # ng_prepare_data 0.7 routes by task_source; older rows by agent_ref.name.
+    assert env_of({"task_source": "math_with_judge_simple_agent"}) == "math"
+    assert (
+        env_of({"agent_ref": {"type": "responses_api_agents", "name": "code_gen_simple_agent"}})
+        == "code"
+    )
+    assert (
+        env_of({"agent_ref": {"name": "structured_outputs_v4_simple_agent"}})
+        == "structured_outputs"
+    )
+    assert env_of({"env": "math_with_judge"}) == "math"  # a server name as env
+    assert env_of({"agent_ref": {"name": "reasoning_gym_rewoo_agent"}}) == "reasoning_gym"
+    # our names pass through; `env` wins over agent_ref, agent_ref over task_source
+    assert env_of({"agent_ref": {"name": "mcqa"}, "task_source": "code_gen_simple_agent"}) == "mcqa"
+    ref = env_ref({"task_source": "wordle_simple_agent"})
+    assert ref is not None and (ref.env, ref.field) == ("wordle_simple_agent", "task_source")
+    assert set(NEMO_GYM_NAMES.values()) == {
+        "math",
+        "mcqa",
+        "structured_outputs",
+        "instruction_following",
+        "reasoning_gym",
+        "code",
+    }
+
+
+def test_unknown_agent_problem_names_the_field_and_known_agents() -> None:
+    from rlfleet_contracts.rows import env_ref, unknown_env_problem
+
+    ref = env_ref({"agent_ref": {"name": "wordle_simple_agent"}})
+    assert ref is not None
+    problem = unknown_env_problem(ref, ["math", "code"])
+    assert problem.startswith("agent_ref.name: 'wordle_simple_agent' is neither")
+    assert "math, code" in problem and "math_with_judge_simple_agent" in problem
+    ref = env_ref({"env": "nope"})
+    assert ref is not None
+    assert unknown_env_problem(ref, ["math"]) == "env: unknown environment 'nope'; one of math"

@@ -176,3 +176,63 @@ def test_tiny_math_stages_opt_in_to_lenient_extraction(tmp_path: Path, name: str
     assert all(r["agent_ref"] == {"name": "math"} for r in rows)
     assert all(r["extraction"] == "lenient" for r in rows)
     assert all("Reply with only the answer." in r["question"] for r in rows)
+
+
+def test_every_bad_row_is_reported_against_its_environment(tmp_path: Path) -> None:
+    """The reward service's own row check (found through the rlfleet.services entry point,
+    run in this process) judges each row; every bad one is listed by file:line, up to
+    MAX_LISTED_PROBLEMS, then counted."""
+    from rlfleet_dataprep.prep import MAX_LISTED_PROBLEMS
+
+    good = {"responses_create_params": {"input": "q"}, "env": "math", "expected_answer": "1"}
+    rows = [good] * 3
+    rows.append({**good, "expected_answer": None})  # line 4: math needs it
+    rows.append({**good, "env": "structured_outputs", "schema_str": "{not json"})  # line 5
+    rows.append({"responses_create_params": {"input": "q"}, "agent_ref": {"name": "nope_agent"}})
+    rows += [{**good, "expected_answer": None}] * (MAX_LISTED_PROBLEMS + 2)
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as info:
+        prepare_rl(str(path), PrepOptions(out=tmp_path / "out", val_rows=1))
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{MAX_LISTED_PROBLEMS + 5} problem(s) in the blend's rows:"
+    assert lines[1] == f"{path}:4: expected_answer: required, but missing"
+    assert lines[2].startswith(f"{path}:5: schema_str:")
+    assert lines[3].startswith(f"{path}:6: agent_ref.name: 'nope_agent' is neither")
+    assert lines[-1] == "... and 5 more"
+    assert len(lines) == MAX_LISTED_PROBLEMS + 2
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_default_env_routes_rows_that_name_none(tmp_path: Path) -> None:
+    row = {"responses_create_params": {"input": "q"}, "expected_answer": "1"}
+    path = tmp_path / "raw.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=r"raw.jsonl:1: env: missing"):
+        prepare_rl(str(path), PrepOptions(out=tmp_path / "a", val_rows=1))
+    out, manifest = prepare_rl(
+        str(path), PrepOptions(out=tmp_path / "b", val_rows=1, default_env="math")
+    )
+    assert manifest.splits["train"]["env_mix"] == {"math": 1}
+    assert read(out / "train" / "data.jsonl")[0]["env"] == "math"
+    with pytest.raises(DataError, match=r"raw.jsonl:1: env: unknown environment 'maths'"):
+        prepare_rl(str(path), PrepOptions(out=tmp_path / "c", val_rows=1, default_env="maths"))
+    flags = ["--out", str(tmp_path / "d"), "--val-rows", "1", "--default-env", "math"]
+    done = subprocess.run(
+        [RLFLEET, "data", "prep", "rl", str(path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "math 1" in done.stdout
+
+
+def test_bundled_mixed_blend_passes_the_row_check(tmp_path: Path) -> None:
+    # It used to ship 28 IFBench rows whose instruction ids the gateway refuses.
+    _, manifest = prepare_rl("tiny-mix", PrepOptions(out=tmp_path))
+    assert manifest.options["row_check"] == "reward environments"
+    mix = manifest.splits["train"]["env_mix"]
+    assert sum(manifest.splits[s]["rows"] for s in ("train", "val")) == 300
+    assert set(mix) == {"code", "instruction_following", "reasoning_gym"}

@@ -3,7 +3,7 @@ the manifest that lineage records.
 
 A row carries `responses_create_params` (OpenAI Responses create params whose `input`
 holds the prompt messages), an environment reference (`env`, or NeMo-Gym's
-`agent_ref.name`) and the environment's verification fields (`expected_answer`,
+`agent_ref.name` / `task_source`, mapped through `NEMO_GYM_NAMES`) and the environment's verification fields (`expected_answer`,
 `schema_str`, ...). Published blends also ship *placeholder* rows, filled at prep time
 from a local copy of the data they reference (`_placeholder: {source: ..., ...}`).
 """
@@ -41,15 +41,92 @@ class SourceRow:
         return f"{self.path}:{self.lineno}"
 
 
-def env_of(row: Row) -> str:
-    """The environment a row is scored by: `env`, else `agent_ref.name`; '' if neither."""
+# NeMo-Gym names -> our environments. NeMo-Gym routes a row by the *agent* that serves it
+# (`agent_ref.name` in older rows, `task_source` in what `ng_prepare_data` 0.7 writes), and
+# each agent fronts one resources server; both kinds of name are listed. Taken from
+# nemo-gym 0.7.0's resources_servers/<server>/configs/*.yaml; docs/reward.md has the table.
+# Not mapped: single_step_tool_use_with_argument_comparison (its expected action may be a
+# plain message, which our `tool_use` cannot express) and servers we have no environment for.
+NEMO_GYM_SERVERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # resources server: (our environment, the agent names its configs declare)
+    "math_with_judge": ("math", ("math_with_judge_simple_agent",)),
+    "mcqa": ("mcqa", ("mcqa_simple_agent",)),
+    "structured_outputs": (
+        "structured_outputs",
+        (
+            "structured_outputs_simple_agent",
+            "structured_outputs_v3_simple_agent",
+            "structured_outputs_v4_simple_agent",
+        ),
+    ),
+    "instruction_following": ("instruction_following", ("instruction_following_simple_agent",)),
+    "reasoning_gym": (
+        "reasoning_gym",
+        (
+            "reasoning_gym_simple_agent",
+            "reasoning_gym_claude_code_agent",
+            "reasoning_gym_claude_code_agent_model_server",
+            "reasoning_gym_codex_agent",
+            "reasoning_gym_codex_agent_model_server",
+            "reasoning_gym_langchain_deepagents_agent_model_server",
+            "reasoning_gym_langgraph_agent",
+            "reasoning_gym_orchestrator_agent",
+            "reasoning_gym_parallel_thinking_agent",
+            "reasoning_gym_rewoo_agent",
+        ),
+    ),
+    "code_gen": ("code", ("code_gen_simple_agent",)),
+}
+
+NEMO_GYM_NAMES: dict[str, str] = {
+    name: env for server, (env, agents) in NEMO_GYM_SERVERS.items() for name in (server, *agents)
+}
+"""Every NeMo-Gym agent or resources-server name we map, -> our environment."""
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """Where a row names its environment: `env` is ours (after mapping a NeMo-Gym name),
+    `field` the row field it came from, `given` that field's value."""
+
+    env: str
+    field: str
+    given: str
+
+
+def env_ref(row: Row) -> EnvRef | None:
+    """The environment a row names: `env`, else `agent_ref.name`, else `task_source`
+    (NeMo-Gym's agent names mapped through `NEMO_GYM_NAMES`, other names kept as they are,
+    so `agent_ref: {name: math}` still means `math`); None if the row names none."""
     env = row.get("env")
     if isinstance(env, str) and env:
-        return env
+        return EnvRef(NEMO_GYM_NAMES.get(env, env), "env", env)
     ref = row.get("agent_ref")
-    if isinstance(ref, dict) and isinstance(ref.get("name"), str):
-        return str(ref["name"])
-    return ""
+    if isinstance(ref, dict) and isinstance(ref.get("name"), str) and ref["name"]:
+        name = str(ref["name"])
+        return EnvRef(NEMO_GYM_NAMES.get(name, name), "agent_ref.name", name)
+    source = row.get("task_source")
+    if isinstance(source, str) and source:
+        return EnvRef(NEMO_GYM_NAMES.get(source, source), "task_source", source)
+    return None
+
+
+def env_of(row: Row) -> str:
+    """The environment a row is scored by (see `env_ref`); '' if it names none."""
+    ref = env_ref(row)
+    return ref.env if ref else ""
+
+
+def unknown_env_problem(ref: EnvRef, known_envs: Iterable[str]) -> str:
+    """'field: problem' for a row whose environment is not one of `known_envs`."""
+    envs = ", ".join(known_envs)
+    if ref.field == "env":
+        return f"env: unknown environment {ref.given[:100]!r}; one of {envs}"
+    agents = ", ".join(sorted(NEMO_GYM_NAMES))
+    return (
+        f"{ref.field}: {ref.given[:100]!r} is neither one of our environments ({envs}) nor a "
+        f"NeMo-Gym agent we map (known: {agents}); set `env` on the row or pass a default"
+    )
 
 
 def prompt_messages(row: Row) -> list[dict[str, Any]]:
@@ -71,7 +148,9 @@ def row_problems(row: Row) -> list[str]:
     """What is wrong with a (filled) row, as 'field: problem' strings; empty if fine."""
     problems = []
     if not env_of(row):
-        problems.append("env: missing (set `env` or `agent_ref.name`)")
+        problems.append(
+            "env: missing (set `env`, `agent_ref.name` or `task_source`, or give a default env)"
+        )
     try:
         prompt_messages(row)
     except DataError as exc:

@@ -169,6 +169,10 @@ class ServiceDefinition:
     description: str = ""
     http_face: str = ""
     """What the HTTP face offers beyond /healthz and /metrics (for --help)."""
+    check_row: Callable[[dict[str, Any]], list[str]] | None = None
+    """Checks one data row as this service would when asked to use it ('field: problem'
+    strings, empty if fine). The reward service checks the row against its environment;
+    `rlfleet data prep` calls this in its own process, so it needs no running service."""
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from rlfleet_contracts.rows import (
     Manifest,
     Row,
     env_of,
+    env_ref,
     read_blend,
     row_problems,
     sha256_file,
@@ -36,6 +38,10 @@ from rlfleet_dataprep.curriculum import Generate, Score, measure, order_by_diffi
 from rlfleet_dataprep.sources import fill_placeholder
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "blends"
+MAX_LISTED_PROBLEMS = 50
+"""Bad rows named one by one in the error; the rest are counted."""
+
+RowCheck = Callable[[Row], list[str]]
 
 
 @dataclass
@@ -67,6 +73,9 @@ class PrepOptions:
     """Reasoning on/off control, passed to the chat template as `enable_thinking`."""
     token_budget: int | None = None
     """Cap on generated tokens per prompt (`max_output_tokens`)."""
+    default_env: str | None = None
+    """Environment of rows that name none (no `env`, `agent_ref.name` or `task_source`):
+    raw NeMo-Gym rows, whose routing lives in NeMo-Gym's config rather than the row."""
 
     def check(self) -> None:
         if self.sample is not None and self.sample < 1:
@@ -95,6 +104,52 @@ def resolve_blend(blend: str) -> tuple[str, Path]:
         f"blend {blend!r}: no such file or directory, and no bundled blend of that name "
         f"(bundled: {', '.join(bundled) or 'none'})"
     )
+
+
+def reward_row_check() -> RowCheck | None:
+    """The reward service's row check (its `ServiceDefinition.check_row`, found through the
+    `rlfleet.services` entry points and run in this process), or None when rlfleet-reward
+    is not installed. In-process rather than a call to a running gateway: a plain prep
+    then needs no service, and checks with the environments of the installed version."""
+    for ep in entry_points(group="rlfleet.services", name="reward"):
+        check: RowCheck | None = ep.load().check_row
+        return check
+    return None
+
+
+def resolve_env(row: Row, default_env: str | None) -> Row:
+    """The row with `env` set when it was implicit: a NeMo-Gym agent name (mapped) or no
+    name at all (`default_env`). Rows that name one of our environments stay as written."""
+    ref = env_ref(row)
+    if ref is None:
+        return {**row, "env": default_env} if default_env else row
+    return row if ref.given == ref.env else {**row, "env": ref.env}
+
+
+def check_rows(sources: list[tuple[str, Row]], check: RowCheck | None) -> None:
+    """Every bad row, by file and line, in one DataError (the first MAX_LISTED_PROBLEMS
+    named); `check` is the reward service's, else the shape checks of `row_problems`."""
+    bad = []
+    for where, row in sources:
+        problems = row_problems(row) or _control_problems(row) or (check(row) if check else [])
+        bad += [f"{where}: {p}" for p in problems]
+    if bad:
+        listed = bad[:MAX_LISTED_PROBLEMS]
+        more = len(bad) - len(listed)
+        tail = [f"... and {more} more"] if more else []
+        raise DataError(
+            f"{len(bad)} problem(s) in the blend's rows:\n" + "\n".join([*listed, *tail])
+        )
+
+
+def _control_problems(row: Row) -> list[str]:
+    """The trainer would refuse these reasoning controls at start; say which line now."""
+    try:
+        row_template_kwargs(row)
+        row_max_output_tokens(row)
+    except DataError as exc:
+        return [str(exc)]
+    return []
 
 
 def to_low_effort(row: Row, token_budget: int) -> Row:
@@ -131,7 +186,7 @@ def prepare_rl(
     if (out_dir / BLEND_MANIFEST).exists() and not options.force:
         raise DataError(f"{out_dir} is already prepared; pass --force to rebuild it")
 
-    rows: list[Row] = []
+    sources: list[tuple[str, Row]] = []
     filled = 0
     for source in read_blend(path):
         row = source.row
@@ -141,17 +196,12 @@ def prepare_rl(
                 filled += 1
         except DataError as exc:
             raise DataError(f"{source.where}: {exc}") from None
-        problems = row_problems(row)
-        if problems:
-            raise DataError(f"{source.where}: {problems[0]}")
-        try:  # the trainer would refuse these at start; say which line now
-            row_template_kwargs(row)
-            row_max_output_tokens(row)
-        except DataError as exc:
-            raise DataError(f"{source.where}: {exc}") from None
-        rows.append(row)
+        sources.append((source.where, resolve_env(row, options.default_env)))
         if advance:
             advance(1)
+    check = reward_row_check()
+    check_rows(sources, check)
+    rows = [row for _, row in sources]
 
     rng = random.Random(options.seed)
     if options.sample is not None and options.sample < len(rows):
@@ -198,6 +248,7 @@ def prepare_rl(
         options={
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
             "placeholders_filled": filled,
+            "row_check": "reward environments" if check else "shape only (no rlfleet-reward)",
             **curriculum_info,
         },
         dropped=dropped,

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from grpc import aio
+from rlfleet_contracts.rows import NEMO_GYM_NAMES
 from rlfleet_core.errors import InvalidArgument, ResourceExhausted
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 
@@ -35,6 +36,11 @@ def sample_from_proto(response: reward_pb2.Response) -> Sample:
         num_tokens=max(0, response.num_tokens),
         output_text=response.text,  # as a NeMo-Gym message holding it would be read
     )
+
+
+def _env(name: str) -> str:
+    """Our environment for `name` (NeMo-Gym agent and server names mapped)."""
+    return NEMO_GYM_NAMES.get(name, name)
 
 
 def result_to_proto(request_id: str, env: str, score: Score) -> reward_pb2.ScoreResult:
@@ -67,7 +73,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         row = self.gateway.parse_row_json(request.row_json)
         try:
             score = await self.gateway.score(
-                request.env, row, sample_from_proto(request.response), context.time_remaining()
+                _env(request.env),
+                row,
+                sample_from_proto(request.response),
+                context.time_remaining(),
             )
         except Overloaded as exc:
             raise ResourceExhausted(str(exc)) from None
@@ -83,7 +92,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         samples = [sample_from_proto(r) for r in request.responses]
         try:
             scores = await self.gateway.score_group(
-                request.env, row, samples, context.time_remaining()
+                _env(request.env), row, samples, context.time_remaining()
             )
         except Overloaded as exc:
             raise ResourceExhausted(str(exc)) from None
@@ -99,7 +108,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             self._check_size(request)
             row = self.gateway.parse_row_json(request.row_json)
             score = await self.gateway.score(
-                request.env, row, sample_from_proto(request.response), deadline_s
+                _env(request.env), row, sample_from_proto(request.response), deadline_s
             )
         except InvalidArgument as exc:
             score = failure(FailureKind.INVALID_ROW, exc.message)

@@ -1,5 +1,17 @@
-"""NeMo-Gym-compatible HTTP face: `POST /{env}/verify` (one route per environment, like
-one NeMo-Gym resources server each) and `POST /verify` routing on `env` / `agent_ref.name`.
+"""NeMo-Gym-compatible HTTP face: the routes of a NeMo-Gym resources server, once per
+environment (`/{env}/...`, like one resources server each; NeMo-Gym server names such as
+`math_with_judge` work as `{env}` too) and at the root, where `/verify` routes on the
+row's `env`, `agent_ref.name` or `task_source` (NeMo-Gym agent names mapped by
+`rlfleet_contracts.rows.NEMO_GYM_NAMES`):
+
+- `POST /verify`: score one response (below).
+- `POST /seed_session`: verifiable environments keep no per-episode state; answers `{}`,
+  or `{"resources_session_id": id}` to an Environment Server's seed that carries one.
+- `POST /close_session`: `{"resources_session_id": id}` back (nothing to release).
+- `POST /aggregate_metrics`: `{"verify_responses": [...]}` -> NeMo-Gym's AggregateMetrics
+  (`nemo_gym_metrics.py` says what is computed).
+- `GET /reverify_mode`: `"stateless"` (verifying the same request again gives the same
+  verdict, so NeMo-Gym may re-verify stored rollouts here).
 
 Request: a NeMo-Gym verify request — `responses_create_params`, `response` (an OpenAI
 Responses object: assistant text in `output` items of type `message` with `output_text`
@@ -14,10 +26,12 @@ any scoring.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from rlfleet_contracts.rows import NEMO_GYM_NAMES, env_ref, unknown_env_problem
 from rlfleet_core.errors import InvalidArgument
 
 from rlfleet_reward import metrics
@@ -25,6 +39,7 @@ from rlfleet_reward.config import LimitsConfig
 from rlfleet_reward.environments.tool_use import decode_arguments
 from rlfleet_reward.gateway import Gateway
 from rlfleet_reward.limits import JsonCheck, NotJson, TooLarge, check_size, loads
+from rlfleet_reward.nemo_gym_metrics import aggregate_metrics
 from rlfleet_reward.text import split_reasoning
 from rlfleet_reward.tool_routes import add_tool_routes
 from rlfleet_reward.types import Overloaded, Sample, Score, ToolCall
@@ -153,16 +168,18 @@ def _unprocessable(field: str, problem: str, status: int = 422) -> JSONResponse:
     )
 
 
-def _route_env(body: dict[str, Any]) -> str:
-    env = body.get("env")
-    if isinstance(env, str) and env:
-        return env
-    agent_ref = body.get("agent_ref")
-    if isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str) and agent_ref["name"]:
-        return str(agent_ref["name"])
-    raise InvalidArgument(
-        "env", "required on POST /verify (or agent_ref.name); or use POST /{env}/verify"
-    )
+def _route_env(body: dict[str, Any], enabled: tuple[str, ...]) -> str:
+    ref = env_ref(body)
+    if ref is None:
+        raise InvalidArgument(
+            "env",
+            "required on POST /verify (or NeMo-Gym's agent_ref.name / task_source); "
+            "or use POST /{env}/verify",
+        )
+    if ref.env not in enabled:
+        field, problem = unknown_env_problem(ref, enabled).split(": ", 1)
+        raise InvalidArgument(field, problem)
+    return ref.env
 
 
 async def read_body(request: Request, limits: LimitsConfig) -> bytes:
@@ -209,23 +226,51 @@ def parse_request(raw: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], Sam
     return body, sample_from_response(body.get("response"), check)
 
 
+async def _has_body(request: Request) -> bool:
+    """NeMo-Gym's legacy agents may POST /seed_session with an empty body."""
+    declared = request.headers.get("content-length")
+    return (
+        declared != "0" if declared is not None else bool(request.headers.get("transfer-encoding"))
+    )
+
+
+def _error(exc: InvalidArgument) -> JSONResponse:
+    status = 413 if isinstance(exc, TooLarge) else 422
+    return _unprocessable(exc.field.removeprefix("row."), exc.message.split(": ", 1)[-1], status)
+
+
 def add_routes(app: FastAPI, gateway: Gateway) -> None:
     limits = gateway.config.limits
     add_tool_routes(app, gateway)
 
+    async def read_json(request: Request) -> Any:
+        body = loads(await read_body(request, limits), "", limits)
+        JsonCheck(limits).check(body, "")
+        return body
+
+    def check_env(env: str | None) -> str | None:
+        """The environment of a `/{env}/...` route (NeMo-Gym server names mapped)."""
+        if env is None:
+            return None
+        env = NEMO_GYM_NAMES.get(env, env)
+        gateway.environment(env)  # InvalidArgument naming `env` if not served here
+        return env
+
     async def verify(env: str | None, request: Request) -> JSONResponse:
         label = env or "?"
         try:
+            env = check_env(env)
             body, sample = parse_request(await read_body(request, limits), limits)
-            env = env or _route_env(body)
-            label = env if env in gateway.enabled else "?"
+            env = env or _route_env(body, gateway.enabled)
+            label = env
             row = {k: v for k, v in body.items() if k != "response"}
             score = await gateway.score(env, row, sample)
         except InvalidArgument as exc:
-            status = 413 if isinstance(exc, TooLarge) else 422
-            metrics.HTTP_REQUESTS.labels(label, str(status)).inc()
-            field = exc.field.removeprefix("row.")
-            return _unprocessable(field, exc.message.split(": ", 1)[-1], status)
+            response = _error(exc)
+            metrics.HTTP_REQUESTS.labels(
+                label if label in gateway.enabled else "?", str(response.status_code)
+            ).inc()
+            return response
         except Overloaded as exc:
             metrics.HTTP_REQUESTS.labels(label, "429").inc()
             return JSONResponse(
@@ -233,6 +278,49 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
             )
         metrics.HTTP_REQUESTS.labels(label, "200").inc()
         return JSONResponse(verify_response(body, score))
+
+    async def seed_session(env: str | None, request: Request) -> JSONResponse:
+        try:
+            check_env(env)
+            body = await read_json(request) if await _has_body(request) else {}
+            if not isinstance(body, dict):
+                raise InvalidArgument("", "request body must be a JSON object")
+            session = body.get("resources_session_id")
+            if session is None:
+                return JSONResponse({})
+            if not isinstance(session, str) or not session:
+                raise InvalidArgument("resources_session_id", "expected a non-empty string")
+        except InvalidArgument as exc:
+            return _error(exc)
+        return JSONResponse({"resources_session_id": session})
+
+    async def close_session(env: str | None, request: Request) -> JSONResponse:
+        try:
+            check_env(env)
+            body = await read_json(request)
+            session = body.get("resources_session_id") if isinstance(body, dict) else None
+            if not isinstance(session, str) or not session:
+                raise InvalidArgument("resources_session_id", "required: a non-empty string")
+        except InvalidArgument as exc:
+            return _error(exc)
+        return JSONResponse({"resources_session_id": session})
+
+    async def aggregate(env: str | None, request: Request) -> JSONResponse:
+        try:
+            check_env(env)
+            body = await read_json(request)
+            # Many responses can take a while; keep the event loop serving /verify.
+            result = await asyncio.to_thread(aggregate_metrics, body)
+        except InvalidArgument as exc:
+            return _error(exc)
+        return JSONResponse(result)
+
+    async def reverify_mode(env: str | None) -> JSONResponse:
+        try:
+            check_env(env)
+        except InvalidArgument as exc:
+            return _error(exc)
+        return JSONResponse("stateless")
 
     @app.post("/verify")
     async def verify_routed(request: Request) -> JSONResponse:
@@ -242,12 +330,37 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
     async def verify_env(env: str, request: Request) -> JSONResponse:
         return await verify(env, request)
 
+    @app.post("/seed_session")
+    async def seed_session_root(request: Request) -> JSONResponse:
+        return await seed_session(None, request)
+
     @app.post("/{env}/seed_session")
-    async def seed_session(env: str) -> JSONResponse:
-        # Verifiable environments keep no per-episode state; NeMo-Gym agents still call this.
-        if env not in gateway.enabled:
-            return _unprocessable("env", f"unknown environment {env!r}")
-        return JSONResponse({})
+    async def seed_session_env(env: str, request: Request) -> JSONResponse:
+        return await seed_session(env, request)
+
+    @app.post("/close_session")
+    async def close_session_root(request: Request) -> JSONResponse:
+        return await close_session(None, request)
+
+    @app.post("/{env}/close_session")
+    async def close_session_env(env: str, request: Request) -> JSONResponse:
+        return await close_session(env, request)
+
+    @app.post("/aggregate_metrics")
+    async def aggregate_root(request: Request) -> JSONResponse:
+        return await aggregate(None, request)
+
+    @app.post("/{env}/aggregate_metrics")
+    async def aggregate_env(env: str, request: Request) -> JSONResponse:
+        return await aggregate(env, request)
+
+    @app.get("/reverify_mode")
+    async def reverify_root() -> JSONResponse:
+        return await reverify_mode(None)
+
+    @app.get("/{env}/reverify_mode")
+    async def reverify_env(env: str) -> JSONResponse:
+        return await reverify_mode(env)
 
     @app.get("/environments")
     async def environments() -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from rlfleet_reward.config import RewardServiceConfig
 from rlfleet_reward.gateway import Gateway
 from rlfleet_reward.grpc_face import RewardServicer
 from rlfleet_reward.http_face import add_routes
+from rlfleet_reward.row_check import check_row
 from rlfleet_reward.sandbox_client import SandboxClient
 
 
@@ -47,5 +48,9 @@ SERVICE = ServiceDefinition(
     config_model=RewardServiceConfig,
     factory=RewardService,
     description="Reward gateway: verifiable-reward environments, judges and GenRM.",
-    http_face="NeMo-Gym-compatible POST /{env}/verify and /verify",
+    http_face=(
+        "NeMo-Gym-compatible /verify, /seed_session, /aggregate_metrics "
+        "(root and /{env}/...), GET /reverify_mode"
+    ),
+    check_row=check_row,
 )

@@ -65,6 +65,13 @@ def prep_rl(
     token_budget: Annotated[
         int | None, typer.Option(help="Max generated tokens per prompt.")
     ] = None,
+    default_env: Annotated[
+        str | None,
+        typer.Option(
+            help="Environment of rows that name none (raw NeMo-Gym rows: no env, "
+            "agent_ref.name or task_source)."
+        ),
+    ] = None,
     curriculum_samples: Annotated[
         int,
         typer.Option(
@@ -105,7 +112,8 @@ def prep_rl(
         ),
     ] = None,
 ) -> None:
-    """Fill placeholders, validate NeMo-Gym rows, split train/val (last rows held out) and
+    """Fill placeholders, check every row against its reward environment (all bad rows
+    listed by file:line; NeMo-Gym agent names mapped to environments), split train/val (last rows held out) and
     write <out>/<blend>/{train,val}/data.jsonl plus manifest.json (rows, hashes, env mix).
 
     With --curriculum-samples K, the training prompts are measured against the starting
@@ -127,6 +135,7 @@ def prep_rl(
         low_effort_fraction=low_effort_fraction,
         reasoning=reasoning,  # type: ignore[arg-type]
         token_budget=token_budget,
+        default_env=default_env,
     )
     if curriculum_engine not in ("vllm", "hf"):
         raise fail(f"--curriculum-engine: expected vllm or hf, got {curriculum_engine!r}")

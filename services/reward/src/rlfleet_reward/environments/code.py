@@ -12,6 +12,10 @@ Row fields (HumanEval rows load as they ship):
   argument or pass functions are not supported (info `error` says so).
 - `test_cases` (instead of `test`): a list of `{"input": stdin, "output": expected stdout}`;
   outputs are compared after trimming trailing whitespace on every line.
+- `verifier_metadata.unit_tests` (instead of `test_cases`; NeMo-Gym code_gen's shape):
+  `{"inputs": [stdin, ...], "outputs": [stdout, ...], "fn_name": null}`, or the same
+  object zlib-compressed, base64-encoded as `{"packed": ...}`; read as `test_cases`.
+  Call-based tests (`fn_name` set) are refused naming the field.
 - `prompt` (optional): the function header of a completion-style task; prepended when the
   response's code does not define `entry_point` itself.
 - `timeout_s` (optional, default 10): wall-clock limit per program run.
@@ -27,9 +31,12 @@ status in `info`; a sandbox that cannot run it gives a SANDBOX_ERROR failure ins
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import re
 import secrets
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +76,54 @@ def _parse_cases(raw: Any) -> tuple[tuple[str, str], ...]:
     return tuple(cases)
 
 
+_UNIT_TESTS = "verifier_metadata.unit_tests"
+_MAX_UNPACKED_BYTES = 64 << 20
+
+
+def _unpack(packed: Any) -> Any:
+    """`{"packed": b64(zlib(json))}` -> the object, bounded so a zip bomb is refused."""
+    field = f"{_UNIT_TESTS}.packed"
+    if not isinstance(packed, str):
+        raise RowError(field, "expected base64 text")
+    try:
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(base64.b64decode(packed, validate=True), _MAX_UNPACKED_BYTES)
+        if inflater.unconsumed_tail:
+            raise RowError(field, f"unpacks to more than {_MAX_UNPACKED_BYTES} bytes")
+        return json.loads(raw)
+    except (binascii.Error, zlib.error, ValueError) as exc:
+        raise RowError(field, f"not base64 zlib-compressed JSON ({exc})") from None
+
+
+def _nemo_gym_cases(metadata: Any) -> tuple[tuple[str, str], ...]:
+    """NeMo-Gym code_gen's `verifier_metadata.unit_tests` as stdin/stdout cases."""
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("unit_tests"), dict):
+        raise RowError(_UNIT_TESTS, 'expected {"inputs": [...], "outputs": [...]}')
+    tests = metadata["unit_tests"]
+    fn_name = tests.get("fn_name")
+    if "packed" in tests:
+        tests = _unpack(tests["packed"])
+        if not isinstance(tests, dict):
+            raise RowError(f"{_UNIT_TESTS}.packed", "expected a JSON object inside")
+        fn_name = fn_name or tests.get("fn_name")
+    if fn_name:
+        raise RowError(
+            f"{_UNIT_TESTS}.fn_name",
+            f"call-based tests ({fn_name!r}) are not supported; use stdin/stdout tests "
+            "(fn_name null) or HumanEval `test` + `entry_point`",
+        )
+    inputs, outputs = tests.get("inputs"), tests.get("outputs")
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
+        raise RowError(_UNIT_TESTS, "expected `inputs` and `outputs` lists of the same length")
+    try:
+        return _parse_cases(
+            [{"input": i, "output": o} for i, o in zip(inputs, outputs, strict=True)]
+        )
+    except RowError as exc:
+        where = exc.field.removeprefix("test_cases")
+        raise RowError(f"{_UNIT_TESTS}{where}", "expected string inputs and outputs") from None
+
+
 def outputs_match(expected: str, got: str) -> bool:
     def norm(text: str) -> list[str]:
         return [line.rstrip() for line in text.strip().splitlines()]
@@ -102,7 +157,7 @@ class CodeEnvironment(Environment):
     description: ClassVar[str] = (
         "Programs run against unit tests (HumanEval check() or stdin/stdout cases) in the sandbox."
     )
-    required_fields: ClassVar[tuple[str, ...]] = ("test|test_cases",)
+    required_fields: ClassVar[tuple[str, ...]] = ("test|test_cases|verifier_metadata",)
     optional_fields: ClassVar[tuple[str, ...]] = (
         "entry_point",
         "prompt",
@@ -126,9 +181,17 @@ class CodeEnvironment(Environment):
             if not isinstance(prompt, str):
                 raise RowError("prompt", "expected a string")
             return CodeSpec(test, entry_point, prompt, (), timeout_s, partial)
-        if row.get("test_cases") is None:
-            raise RowError("test", "required: `test` (with `entry_point`) or `test_cases`")
-        return CodeSpec("", "", "", _parse_cases(row["test_cases"]), timeout_s, partial)
+        if row.get("test_cases") is not None:
+            cases = _parse_cases(row["test_cases"])
+        elif row.get("verifier_metadata") is not None:
+            cases = _nemo_gym_cases(row["verifier_metadata"])
+        else:
+            raise RowError(
+                "test",
+                "required: `test` (with `entry_point`), `test_cases` or "
+                "`verifier_metadata.unit_tests` (NeMo-Gym code_gen)",
+            )
+        return CodeSpec("", "", "", cases, timeout_s, partial)
 
     async def run(self, spec: CodeSpec, sample: Sample, ctx: RunContext) -> Score:
         sandbox = ctx.sandbox()
