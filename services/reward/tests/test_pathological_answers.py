@@ -15,8 +15,8 @@ import time
 import pytest
 from reward_support import score_request
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
-from rlfleet_reward.text import extract_code
 from rlfleet_reward.environments.answer_limits import answer_problem
+from rlfleet_reward.text import extract_code
 from rlfleet_reward.types import FailureKind
 
 MATH_ROW = {"expected_answer": "3"}
