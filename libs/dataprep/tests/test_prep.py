@@ -142,7 +142,8 @@ def test_reasoning_switch_overrides_nemo_gym_metadata_switches(tmp_path: Path) -
     string); --reasoning folds them into `chat_template_kwargs` and wins over them."""
     path = tmp_path / "meta.jsonl"
     meta = {"chat_template_kwargs": json.dumps({"enable_thinking": True, "x": 1}), "k": "v"}
-    row = {"env": "math", "responses_create_params": {"input": "hi", "metadata": meta}}
+    params = {"input": "hi", "metadata": meta}
+    row = {"env": "math", "expected_answer": "1", "responses_create_params": params}
     path.write_text(json.dumps(row) + "\n")
     out, _ = prepare_rl(str(path), PrepOptions(out=tmp_path, val_rows=0, reasoning="off"))
     params = read(out / "train" / "data.jsonl")[0]["responses_create_params"]
