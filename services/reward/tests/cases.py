@@ -80,59 +80,120 @@ def mcqa_row(expected: Any, **extra: Any) -> dict[str, Any]:
     return {"question": "Which planet?", "options": OPTIONS, "expected_answer": expected, **extra}
 
 
+def lenient_row(expected: Any, **extra: Any) -> dict[str, Any]:
+    """A row graded by rlfleet's opt-in lenient mode."""
+    return mcqa_row(expected, grading_mode="lenient", **extra)
+
+
 MCQA = [
-    Case("boxed", mcqa_row("C"), r"Reasoning... \boxed{C}", 1.0, info={"extraction": "boxed"}),
-    Case("boxed-text", mcqa_row("C"), r"\boxed{\text{C}}", 1.0),
-    Case("boxed-paren", mcqa_row("C"), r"\boxed{(C)}", 1.0),
+    Case("boxed", lenient_row("C"), r"Reasoning... \boxed{C}", 1.0, info={"extraction": "boxed"}),
+    Case("boxed-text", lenient_row("C"), r"\boxed{\text{C}}", 1.0),
+    Case("boxed-paren", lenient_row("C"), r"\boxed{(C)}", 1.0),
     Case(
         "answer-colon",
-        mcqa_row("B"),
+        lenient_row("B"),
         "Venus is closest.\nAnswer: B",
         1.0,
         info={"extraction": "answer_phrase"},
     ),
-    Case("answer-is-paren", mcqa_row("B"), "So the answer is (B).", 1.0),
-    Case("bold-answer", mcqa_row("D"), "**Answer:** D", 1.0),
-    Case("lowercase-letter", mcqa_row("D"), "answer: d", 1.0),
+    Case("answer-is-paren", lenient_row("B"), "So the answer is (B).", 1.0),
+    Case("bold-answer", lenient_row("D"), "**Answer:** D", 1.0),
+    Case("lowercase-letter", lenient_row("D"), "answer: d", 1.0),
     Case(
         "final-line-letter",
-        mcqa_row("A"),
+        lenient_row("A"),
         "Thinking about it.\n(A)",
         1.0,
         info={"extraction": "final_line"},
     ),
     Case(
-        "option-text", mcqa_row("C"), "It must be\nEarth", 1.0, info={"extraction": "option_text"}
+        "option-text",
+        lenient_row("C"),
+        "It must be\nEarth",
+        1.0,
+        info={"extraction": "option_text"},
     ),
-    Case("last-phrase-wins", mcqa_row("B"), "Answer: A\nWait. Answer: B", 1.0),
-    Case("wrong-letter", mcqa_row("C"), r"\boxed{B}", 0.0, info={"verdict": "wrong"}),
-    Case("wrong-phrase", mcqa_row("C"), "Answer: A", 0.0),
+    Case("last-phrase-wins", lenient_row("B"), "Answer: A\nWait. Answer: B", 1.0),
+    Case("wrong-letter", lenient_row("C"), r"\boxed{B}", 0.0, info={"verdict": "wrong"}),
+    Case("wrong-phrase", lenient_row("C"), "Answer: A", 0.0),
     Case(
         "no-letter",
-        mcqa_row("C"),
+        lenient_row("C"),
         "I cannot decide between them.",
         0.0,
         info={"verdict": "no_answer"},
     ),
-    Case("letter-outside-options", mcqa_row("C"), "Answer: F", 0.0),
-    Case("empty", mcqa_row("C"), "", 0.0),
-    Case("strict-needs-boxed", mcqa_row("C", grading_mode="strict_boxed"), "Answer: C", 0.0),
-    Case("strict-boxed-ok", mcqa_row("C", grading_mode="strict_boxed"), r"\boxed{C}", 1.0),
-    Case("expected-lowercase", mcqa_row("c"), r"\boxed{C}", 1.0),
+    Case("letter-outside-options", lenient_row("C"), "Answer: F", 0.0),
+    Case("empty", lenient_row("C"), "", 0.0),
+    Case("strict-needs-boxed", mcqa_row("C"), "Answer: C", 0.0),
+    Case("strict-boxed-ok", mcqa_row("C"), r"\boxed{C}", 1.0),
+    # NeMo-Gym's grading modes (the default is strict_single_letter_boxed).
+    Case("nemo-boxed-label", mcqa_row("C"), r"\boxed{C: Earth}", 1.0),
+    Case("nemo-boxed-lowercase", mcqa_row("C"), r"\boxed{c}", 0.0),
     Case(
-        "options-as-strings", {"options": ["x", "y", "z"], "expected_answer": "B"}, "Answer: B", 1.0
+        "nemo-lenient-boxed-text",
+        mcqa_row("C", grading_mode="lenient_boxed"),
+        r"\boxed{\text{earth}}",
+        1.0,
+    ),
+    Case(
+        "nemo-answer-colon",
+        mcqa_row("B", grading_mode="lenient_answer_colon"),
+        "Answer: venus",
+        1.0,
+    ),
+    Case(
+        "nemo-md-list-is-no-answer",
+        mcqa_row("B", grading_mode="lenient_answer_colon_md"),
+        "**Answer:** B or C",
+        0.0,
+    ),
+    Case(
+        "nemo-output-regex",
+        mcqa_row("D", template_metadata={"output_regex": r"\[\[([A-Z])\]\]"}),
+        "[[d]]",
+        1.0,
+    ),
+    Case(
+        "no-options-nemo-mode", {"expected_answer": "E"}, r"\boxed{E}", invalid_field="row.options"
+    ),
+    Case(
+        "bad-output-regex",
+        mcqa_row("A", template_metadata={"output_regex": "(["}),
+        "A",
+        invalid_field="row.template_metadata.output_regex",
+    ),
+    Case(
+        "two-group-output-regex",
+        mcqa_row("A", template_metadata={"output_regex": "(a)(b)"}),
+        "A",
+        invalid_field="row.template_metadata.output_regex",
+    ),
+    Case("expected-lowercase", lenient_row("c"), r"\boxed{C}", 1.0),
+    Case(
+        "options-as-strings",
+        {"options": ["x", "y", "z"], "expected_answer": "B", "grading_mode": "lenient"},
+        "Answer: B",
+        1.0,
     ),
     Case(
         "options-as-dict",
-        {"options": {"A": "x", "B": "y"}, "expected_answer": "A"},
+        {"options": {"A": "x", "B": "y"}, "expected_answer": "A", "grading_mode": "lenient"},
         "Answer: A",
         1.0,
     ),
-    Case("no-options", {"expected_answer": "E"}, r"\boxed{E}", 1.0),
-    Case("missing-expected", {"options": OPTIONS}, "A", invalid_field="row.expected_answer"),
-    Case("expected-not-an-option", mcqa_row("F"), "A", invalid_field="row.expected_answer"),
-    Case("expected-two-letters", mcqa_row("AB"), "A", invalid_field="row.expected_answer"),
-    Case("bad-options", mcqa_row("A", options=[1, 2]), "A", invalid_field="row.options[0]"),
+    Case(
+        "no-options-lenient", {"expected_answer": "E", "grading_mode": "lenient"}, r"\boxed{E}", 1.0
+    ),
+    Case(
+        "missing-expected",
+        {"options": OPTIONS, "grading_mode": "lenient"},
+        "A",
+        invalid_field="row.expected_answer",
+    ),
+    Case("expected-not-an-option", lenient_row("F"), "A", invalid_field="row.expected_answer"),
+    Case("expected-two-letters", lenient_row("AB"), "A", invalid_field="row.expected_answer"),
+    Case("bad-options", lenient_row("A", options=[1, 2]), "A", invalid_field="row.options[0]"),
     Case(
         "bad-grading-mode",
         mcqa_row("A", grading_mode="fuzzy"),
@@ -908,14 +969,24 @@ LOW_EFFORT = [
     ),
     Case(
         "wraps-mcqa",
-        {"inner_env": "mcqa", "expected_answer": "B", "token_budget": 100},
+        {
+            "inner_env": "mcqa",
+            "expected_answer": "B",
+            "grading_mode": "lenient",
+            "token_budget": 100,
+        },
         "Answer: B",
         0.75,
         num_tokens=50,
     ),
     Case(
         "wraps-mcqa-wrong",
-        {"inner_env": "mcqa", "expected_answer": "B", "token_budget": 100},
+        {
+            "inner_env": "mcqa",
+            "expected_answer": "B",
+            "grading_mode": "lenient",
+            "token_budget": 100,
+        },
         "Answer: C",
         0.0,
         num_tokens=50,
