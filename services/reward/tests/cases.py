@@ -565,7 +565,29 @@ REASONING_GYM = [
             "1",
             invalid_field="row.answer",
         )
-        for kind, value in (("null", None), ("list", [1]), ("object", {"a": 1}), ("bool", True))
+        for kind, value in (("list", [1]), ("object", {"a": 1}), ("bool", True))
+    ),
+    # A null answer is allowed (some tasks score from metadata, as NeMo-Gym allows); a
+    # scorer that then raises gives 0, not a failure.
+    Case(
+        "answer-null",
+        {"answer": None, "metadata": {"source_dataset": "leg_counting"}},
+        "1",
+        0.0,
+        info={
+            "scorer_error": "TypeError: 'in <string>' requires string as left operand, not NoneType"
+        },
+    ),
+    Case("flat-first-box", rg_row("basic_arithmetic", "3"), r"\boxed{3} then \boxed{4}", 1.0),
+    Case(
+        "balanced-box-opt-in",
+        rg_row(
+            "basic_arithmetic",
+            "4",
+        )
+        | {"answer_extraction": "balanced_boxed"},
+        r"\boxed{3} then \boxed{4}",
+        1.0,
     ),
     Case(
         "metadata-not-object",
