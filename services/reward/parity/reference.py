@@ -71,7 +71,19 @@ def build(server: str, overrides: dict[str, Any] | None = None) -> tuple[Any, An
     return instance, getattr(module, request_cls)
 
 
+def seed_langdetect() -> None:
+    """instruction_following's language checks call langdetect, which samples at random
+    unless seeded (NeMo-Gym does not seed it): seed it as rlfleet does, so that a recording
+    is repeatable and the same text gets the same language on both sides."""
+    try:
+        from langdetect import DetectorFactory
+    except ImportError:
+        return
+    DetectorFactory.seed = 0
+
+
 async def score_all(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seed_langdetect()
     built: dict[str, tuple[Any, Any]] = {}
     out = []
     for line in lines:

@@ -332,9 +332,26 @@ INSTRUCTION_FOLLOWING = [
         0.0,
         info={"not_followed": "punctuation:no_comma"},
     ),
-    Case("lowercase", if_row(["change_case:english_lowercase"]), "all quiet here.", 1.0),
+    Case(
+        "lowercase",
+        if_row(["change_case:english_lowercase"]),
+        "the river runs under the old stone bridge.",
+        1.0,
+    ),
+    # Lowercase is not enough: the text must be English (langdetect, as NeMo-Gym checks).
+    Case(
+        "lowercase-not-english",
+        if_row(["change_case:english_lowercase"]),
+        "el río corre bajo el viejo puente de piedra.",
+        0.0,
+    ),
     Case("lowercase-broken", if_row(["change_case:english_lowercase"]), "All quiet here.", 0.0),
-    Case("uppercase", if_row(["change_case:english_capital"]), "SHOUTING NOW!", 1.0),
+    Case(
+        "uppercase",
+        if_row(["change_case:english_capital"]),
+        "THE RIVER RUNS UNDER THE OLD STONE BRIDGE!",
+        1.0,
+    ),
     Case(
         "keywords",
         if_row(["keywords:existence"], [{"keywords": ["apple", "Pear"]}]),
@@ -406,20 +423,20 @@ INSTRUCTION_FOLLOWING = [
     Case(
         "combined-all",
         if_row(["punctuation:no_comma", "change_case:english_lowercase"]),
-        "quiet and calm",
+        "the river runs under the old stone bridge",
         1.0,
     ),
     Case(
         "combined-one-fails",
         if_row(["punctuation:no_comma", "change_case:english_lowercase"]),
-        "quiet, calm",
+        "the river runs under the old stone bridge, slowly",
         0.0,
         info={"num_followed": "1/2"},
     ),
     Case(
         "fraction-mode",
         if_row(["punctuation:no_comma", "change_case:english_lowercase"], grading_mode="fraction"),
-        "quiet, calm",
+        "the river runs under the old stone bridge, slowly",
         0.5,
     ),
     Case(
