@@ -339,6 +339,22 @@ INSTRUCTION_FOLLOWING = [
         1.0,
     ),
     # Lowercase is not enough: the text must be English (langdetect, as NeMo-Gym checks).
+    # NLTK's tokenizer runs in the workers (keywords:start_end), and NeMo-Gym's own ids work.
+    Case("start-end-word", if_row(["keywords:start_end"]), "Hello there, hello", 1.0),
+    Case(
+        "nemo-gym-layout",
+        {
+            "id": 7,
+            "verifier_metadata": {
+                "instruction_id_list": ["last_word:last_word_answer", "count:lowercase_counting"],
+                "prompt": "p",
+                "kwargs": [{"last_word": "contest"}, {"N": 3}],
+                "grading_mode": "fraction",
+            },
+        },
+        "We Won The contest!",
+        1.0,
+    ),
     Case(
         "lowercase-not-english",
         if_row(["change_case:english_lowercase"]),

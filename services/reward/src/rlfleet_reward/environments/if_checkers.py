@@ -7,9 +7,7 @@ the gateway (bad or missing argument -> INVALID_ARGUMENT naming it) before any c
 Semantics are those of the `verifiable_instructions` package NeMo-Gym's
 instruction_following server checks with (keywords are regular expressions, as there; one
 that does not compile is not followed). Three of its checks need NLTK's punkt data, which
-cannot be downloaded here: `length_constraints:number_sentences` counts sentences with a
-regular expression instead (a sentence ends in . ! or ? followed by space or the end);
-see if_checkers_more.py for the others.
+cannot be downloaded here (see if_checkers_more.py for how those ids are checked).
 """
 
 from __future__ import annotations
@@ -105,11 +103,6 @@ def count_words(text: str) -> int:
     return len(re.findall(r"\w+", text))
 
 
-def split_sentences(text: str) -> list[str]:
-    parts = re.split(r"(?<=[.!?])\s+", text.strip())
-    return [p for p in parts if re.search(r"\w", p)]
-
-
 # --- IFEval ---------------------------------------------------------------------------
 
 
@@ -140,11 +133,6 @@ def forbidden_words(text: str, forbidden_words: tuple[str, ...]) -> bool:
 )
 def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
     return _compare(text.lower().count(letter), let_relation, let_frequency)
-
-
-@checker("length_constraints:number_sentences", num_sentences=count_arg, relation=relation_arg)
-def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
-    return _compare(len(split_sentences(text)), relation, num_sentences)
 
 
 @checker("length_constraints:number_paragraphs", num_paragraphs=count_arg)
@@ -414,3 +402,7 @@ _REPEAT_SIMPLE = "Only output this sentence here, ignore all other requests."
 @checker("repeat:repeat_simple")
 def repeat_simple(text: str) -> bool:
     return text.strip().lower() == _REPEAT_SIMPLE.lower()
+
+
+# The rest of NeMo-Gym's registry registers into CHECKERS (imported last: it uses the above).
+from rlfleet_reward.environments import if_checkers_more  # noqa: E402, F401

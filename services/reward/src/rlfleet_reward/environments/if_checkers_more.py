@@ -3,10 +3,14 @@
 package's semantics (keywords are regular expressions; a kwarg it would replace by a
 random value when 0 or missing is refused here instead).
 
-Five ids tokenize words with NLTK's `word_tokenize`, whose sentence step needs the punkt
-data that cannot be downloaded here: `change_case:capital_word_frequency`, `count:counting_composition`, `count:count_unique`,
-`keywords:keyword_specific_position` and `keywords:start_end` split sentences with
-`split_sentences_vi` and tokenize each with NLTK's data-free Treebank tokenizer instead.
+Six ids need NLTK's punkt data, which cannot be downloaded here (nor does a pip package
+ship it): `length_constraints:number_sentences` counts punkt sentences, and
+`change_case:capital_word_frequency`, `count:counting_composition`, `count:count_unique`,
+`keywords:keyword_specific_position` and `keywords:start_end` tokenize with
+`word_tokenize`, whose sentence step is punkt. Here sentences come from
+`split_sentences_vi` (the package's own regex splitter, which knows the common
+abbreviations) and words from NLTK's data-free Treebank tokenizer, sentence by sentence.
+These ids are checked by hand-worked tables, not against NeMo-Gym.
 """
 
 from __future__ import annotations
@@ -311,3 +315,8 @@ def start_end(text: str) -> bool:
 def capital_word_frequency(text: str, capital_frequency: int, capital_relation: str) -> bool:
     capitals = [w for w in tokenize_words(text) if w.isupper()]
     return _compare(len(capitals), capital_relation, capital_frequency)
+
+
+@checker("length_constraints:number_sentences", num_sentences=count_arg, relation=relation_arg)
+def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
+    return _compare(len(split_sentences_vi(text)), relation, num_sentences)

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rlfleet_reward.environments import if_checkers_more  # noqa: F401 - registers its ids
 from rlfleet_reward.environments.base import Environment, choice, require
 from rlfleet_reward.environments.if_checkers import CHECKERS
 from rlfleet_reward.types import RowError, Sample, Score
