@@ -57,7 +57,7 @@ def differences(base_url: str, env: str, cases: list[dict[str, Any]]) -> list[st
     for i, (case, got) in enumerate(zip(cases, ours, strict=True)):
         if isinstance(got, tuple) and got[0] == case["reward"]:
             continue
-        text = case["request"]["response"]["output"][-1]["content"][0]["text"]
+        text = json.dumps(case["request"]["response"].get("output"))
         row = {
             k: v
             for k, v in case["request"].items()
@@ -68,3 +68,38 @@ def differences(base_url: str, env: str, cases: list[dict[str, Any]]) -> list[st
             f"rlfleet {got}\n    text={text[:300]!r}\n    row={json.dumps(row)[:600]}"
         )
     return lines
+
+
+# NeMo-Gym's example rows (data/<rows>) with the responses of its example rollouts.
+EXAMPLES = {
+    "mcqa": [
+        ("example.jsonl", "example_rollouts.jsonl"),
+        ("example_with_template_metadata.jsonl", "example_rollouts_with_template_metadata.jsonl"),
+    ],
+    "instruction_following": [("example.jsonl", "example_rollouts.jsonl")],
+    "reasoning_gym": [("example.jsonl", "example_rollouts.jsonl")],
+}
+
+
+def example_cases(env: str) -> list[dict[str, Any]]:
+    """NeMo-Gym's example rows, unchanged, each with its example rollout's response and
+    the reward NeMo-Gym gives it now."""
+    data = Path(os.environ["RLFLEET_NEMO_GYM_SRC"]) / "resources_servers" / env / "data"
+    cases = []
+    for rows_file, rollouts_file in EXAMPLES[env]:
+        rows = [json.loads(x) for x in (data / rows_file).read_text().splitlines() if x.strip()]
+        rollouts = [
+            json.loads(x) for x in (data / rollouts_file).read_text().splitlines() if x.strip()
+        ]
+        for i, (row, rollout) in enumerate(zip(rows, rollouts, strict=True)):
+            request = {**row, "response": rollout["response"]}
+            cases.append(
+                {
+                    "category": f"{rows_file}#{i}",
+                    "request": request,
+                    "reference": {"server": env, "request": request},
+                }
+            )
+    for case, result in zip(cases, record_mir.reference_results(cases), strict=True):
+        case["reward"], case["extracted"] = result["reward"], result.get("extracted")
+    return cases
