@@ -1054,7 +1054,7 @@ LOW_EFFORT = [
             "grading_mode": "fraction",
             "token_budget": 10,
         },
-        "a, b",
+        "the river runs under the old stone bridge, slowly",
         0.5 - 0.5 * 0.5 * 0.5,
         num_tokens=5,
     ),
