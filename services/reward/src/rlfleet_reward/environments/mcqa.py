@@ -155,6 +155,7 @@ class McqaEnvironment(Environment):
     )
 
     def parse_row(self, row: Mapping[str, Any]) -> McqaSpec:
+        expected = require_str(row, "expected_answer").strip().upper()
         mode = choice(row, "grading_mode", (*NEMO_MODES, LENIENT), NEMO_MODES[0])
         patterns, prefix = _parse_template(row)
         options = _parse_options(row["options"]) if row.get("options") is not None else ()
@@ -167,7 +168,6 @@ class McqaEnvironment(Environment):
         letters = "".join(sorted({letter for letter, _ in options}))
         if mode == LENIENT and not letters:
             letters = _DEFAULT_LETTERS
-        expected = require_str(row, "expected_answer").strip().upper()
         if mode == LENIENT:
             expected = expected.strip("()")
         # An output_regex may name letters outside options (NeMo-Gym trusts it), so then
