@@ -374,6 +374,11 @@ def test_punkt_ids_by_hand(
         ("copy:copying_multiple", {"prompt_to_repeat": "x", "N": 0}, "N"),
         ("count:lowercase_counting", {"N": 0}, "N"),
         (
+            "length_constraints:nth_paragraph_first_word",
+            {"num_paragraphs": 2, "nth_paragraph": 3, "first_word": "a"},
+            "nth_paragraph",
+        ),
+        (
             "keywords:letter_frequency",
             {"letter": "é", "let_frequency": 1, "let_relation": "at least"},
             "letter",

@@ -15,93 +15,23 @@ from __future__ import annotations
 import json
 import re
 import string
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-Converter = Callable[[Any], Any]
+from rlfleet_reward.environments.if_registry import (
+    CHECKERS,
+    Checker,
+    checker,
+    compare_count,
+    count_arg,
+    count_matches,
+    count_words,
+    letter_arg,
+    relation_arg,
+    search,
+    text_arg,
+    words_arg,
+)
 
-
-@dataclass(frozen=True)
-class Checker:
-    instruction_id: str
-    check: Callable[..., bool]
-    args: dict[str, Converter]
-
-
-CHECKERS: dict[str, Checker] = {}
-
-
-def checker(
-    instruction_id: str, **args: Converter
-) -> Callable[[Callable[..., bool]], Callable[..., bool]]:
-    def register(fn: Callable[..., bool]) -> Callable[..., bool]:
-        CHECKERS[instruction_id] = Checker(instruction_id, fn, args)
-        return fn
-
-    return register
-
-
-# --- argument converters (ValueError messages end up in INVALID_ARGUMENT) ---------------
-
-
-def text_arg(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def count_arg(value: Any) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or int(value) != value
-        or value < 0
-    ):
-        raise ValueError(f"expected a non-negative integer, got {value!r}")
-    return int(value)
-
-
-def words_arg(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ValueError(f"expected a non-empty list of strings, got {value!r}")
-    return tuple(value)
-
-
-def relation_arg(value: Any) -> str:
-    if value not in ("less than", "at least"):
-        raise ValueError(f"expected 'less than' or 'at least', got {value!r}")
-    return str(value)
-
-
-def letter_arg(value: Any) -> str:
-    if not isinstance(value, str) or len(value) != 1 or value.lower() not in string.ascii_lowercase:
-        raise ValueError(f"expected a single letter a-z, got {value!r}")
-    return value.lower()
-
-
-def search(pattern: str, text: str, flags: int = re.IGNORECASE) -> bool:
-    """re.search for a row-given pattern; one that does not compile matches nothing."""
-    try:
-        return re.search(pattern, text, flags) is not None
-    except re.error:
-        return False
-
-
-def count_matches(pattern: str, text: str) -> int:
-    try:
-        return len(re.findall(pattern, text, re.IGNORECASE))
-    except re.error:
-        return -1
-
-
-def _compare(count: int, relation: str, target: int) -> bool:
-    return count < target if relation == "less than" else count >= target
-
-
-def count_words(text: str) -> int:
-    return len(re.findall(r"\w+", text))
-
+__all__ = ["CHECKERS", "Checker"]
 
 # --- IFEval ---------------------------------------------------------------------------
 
@@ -114,7 +44,7 @@ def keywords_existence(text: str, keywords: tuple[str, ...]) -> bool:
 @checker("keywords:frequency", keyword=text_arg, frequency=count_arg, relation=relation_arg)
 def keyword_frequency(text: str, keyword: str, frequency: int, relation: str) -> bool:
     found = count_matches(keyword.strip(), text)
-    return found >= 0 and _compare(found, relation, frequency)
+    return found >= 0 and compare_count(found, relation, frequency)
 
 
 @checker("keywords:forbidden_words", forbidden_words=words_arg)
@@ -132,7 +62,7 @@ def forbidden_words(text: str, forbidden_words: tuple[str, ...]) -> bool:
     let_relation=relation_arg,
 )
 def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
-    return _compare(text.lower().count(letter), let_relation, let_frequency)
+    return compare_count(text.lower().count(letter), let_relation, let_frequency)
 
 
 @checker("length_constraints:number_paragraphs", num_paragraphs=count_arg)
@@ -146,7 +76,7 @@ def number_paragraphs(text: str, num_paragraphs: int) -> bool:
 
 @checker("length_constraints:number_words", num_words=count_arg, relation=relation_arg)
 def number_words(text: str, num_words: int, relation: str) -> bool:
-    return _compare(count_words(text), relation, num_words)
+    return compare_count(count_words(text), relation, num_words)
 
 
 @checker(

@@ -19,9 +19,9 @@ import itertools
 import re
 from typing import Any
 
-from rlfleet_reward.environments.if_checkers import (
-    _compare,
+from rlfleet_reward.environments.if_registry import (
     checker,
+    compare_count,
     count_arg,
     count_matches,
     letter_arg,
@@ -175,7 +175,7 @@ def word_once(text: str, keyword: str) -> bool:
 )
 def word_count_different_numbers(text: str, keyword: str, frequency: int, relation: str) -> bool:
     found = count_matches(keyword.strip(), text)
-    return found >= 0 and _compare(found, relation, frequency)
+    return found >= 0 and compare_count(found, relation, frequency)
 
 
 @checker("keywords:exclude_word_harder", keyword=text_arg)
@@ -248,7 +248,7 @@ def lowercase_counting(text: str, N: int) -> bool:
 
 @checker("letters:letter_counting", N=positive_arg, relation=relation_arg)
 def letter_counting(text: str, N: int, relation: str) -> bool:
-    return _compare(len(re.findall(r"[a-zA-Z]", text)), relation, N)
+    return compare_count(len(re.findall(r"[a-zA-Z]", text)), relation, N)
 
 
 @checker(
@@ -258,7 +258,7 @@ def letter_counting(text: str, N: int, relation: str) -> bool:
     let_relation=relation_arg,
 )
 def letter_counting2(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
-    return _compare(text.lower().count(letter), let_relation, let_frequency)
+    return compare_count(text.lower().count(letter), let_relation, let_frequency)
 
 
 @checker("count:count_increment_word", keyword1=text_arg, keyword2=text_arg)
@@ -314,9 +314,9 @@ def start_end(text: str) -> bool:
 )
 def capital_word_frequency(text: str, capital_frequency: int, capital_relation: str) -> bool:
     capitals = [w for w in tokenize_words(text) if w.isupper()]
-    return _compare(len(capitals), capital_relation, capital_frequency)
+    return compare_count(len(capitals), capital_relation, capital_frequency)
 
 
 @checker("length_constraints:number_sentences", num_sentences=count_arg, relation=relation_arg)
 def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
-    return _compare(len(split_sentences_vi(text)), relation, num_sentences)
+    return compare_count(len(split_sentences_vi(text)), relation, num_sentences)

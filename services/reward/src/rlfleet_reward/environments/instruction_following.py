@@ -63,6 +63,12 @@ def parse_instructions(
                 args.append((name, convert(given[name])))
             except ValueError as exc:
                 raise RowError(f"kwargs[{i}].{name}", str(exc)) from None
+        values = dict(args)
+        if instruction_id == "length_constraints:nth_paragraph_first_word" and not (
+            1 <= values["nth_paragraph"] <= values["num_paragraphs"]
+        ):
+            # verifiable_instructions would pick a random paragraph instead.
+            raise RowError(f"kwargs[{i}].nth_paragraph", "must be within [1, num_paragraphs]")
         parsed.append((instruction_id, tuple(args)))
     return tuple(parsed)
 
