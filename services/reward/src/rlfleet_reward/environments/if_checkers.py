@@ -6,8 +6,9 @@ instruction id with converters for its arguments, so a row's `kwargs` are valida
 the gateway (bad or missing argument -> INVALID_ARGUMENT naming it) before any checking.
 Semantics are those of the `verifiable_instructions` package NeMo-Gym's
 instruction_following server checks with (keywords are regular expressions, as there; one
-that does not compile is not followed). Three of its checks need NLTK's punkt data, which
+that does not compile is not followed). Six of its checks need NLTK's punkt data, which
 cannot be downloaded here (see if_checkers_more.py for how those ids are checked).
+The registry itself (CHECKERS, kwarg converters) is if_registry.py.
 """
 
 from __future__ import annotations
@@ -334,5 +335,5 @@ def repeat_simple(text: str) -> bool:
     return text.strip().lower() == _REPEAT_SIMPLE.lower()
 
 
-# The rest of NeMo-Gym's registry registers into CHECKERS (imported last: it uses the above).
+# Importing this module registers the whole set: the rest of NeMo-Gym's registry too.
 from rlfleet_reward.environments import if_checkers_more  # noqa: E402, F401
