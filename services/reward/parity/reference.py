@@ -5,9 +5,11 @@ rlfleet's: nemo-gym 0.7.0 declares Python >= 3.13, so it cannot be a dependency.
 
     PYTHONPATH=<unpacked nemo-gym wheel> <side python> reference.py IN.jsonl OUT.jsonl
 
-Each input line is `{"server": "<resources server folder>", "request": {<verify request>}}`;
+Each input line is `{"server": "<resources server folder>", "request": {<verify request>}}`,
+optionally with `"config": {...}` (server config fields, e.g. mcqa's `grading_mode`);
 each output line is `{"server", "reward", "extracted"}` in the same order (`extracted` is
-whatever answer the server reports, for reading differences). The server's `verify` is
+whatever answer the server reports, for reading differences; a request the server refuses
+or crashes on gets `"reward": null` and `error`). The server's `verify` is
 called in-process (the same code its FastAPI route calls), so no ports are involved.
 """
 
@@ -54,14 +56,14 @@ SERVERS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
 }
 
 
-def build(server: str) -> tuple[Any, Any]:
+def build(server: str, overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """(server instance, its verify request model)."""
     from nemo_gym.server_utils import ServerClient
 
     server_cls, config_cls, request_cls, extra = SERVERS[server]
     module = importlib.import_module(f"resources_servers.{server}.app")
     config = getattr(module, config_cls)(
-        host="127.0.0.1", port=0, entrypoint="", name=server, **extra
+        host="127.0.0.1", port=0, entrypoint="", name=server, **{**extra, **(overrides or {})}
     )
     instance = getattr(module, server_cls)(
         config=config, server_client=MagicMock(spec=ServerClient)
@@ -69,15 +71,32 @@ def build(server: str) -> tuple[Any, Any]:
     return instance, getattr(module, request_cls)
 
 
+def seed_langdetect() -> None:
+    """instruction_following's language checks call langdetect, which samples at random
+    unless seeded (NeMo-Gym does not seed it): seed it as rlfleet does, so that a recording
+    is repeatable and the same text gets the same language on both sides."""
+    try:
+        from langdetect import DetectorFactory
+    except ImportError:
+        return
+    DetectorFactory.seed = 0
+
+
 async def score_all(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seed_langdetect()
     built: dict[str, tuple[Any, Any]] = {}
     out = []
     for line in lines:
         server = line["server"]
-        if server not in built:
-            built[server] = build(server)
-        instance, request_model = built[server]
-        response = await instance.verify(request_model.model_validate(line["request"]))
+        key = json.dumps([server, line.get("config") or {}], sort_keys=True)
+        if key not in built:
+            built[key] = build(server, line.get("config"))
+        instance, request_model = built[key]
+        try:
+            response = await instance.verify(request_model.model_validate(line["request"]))
+        except Exception as exc:  # the peer refuses or crashes on this request: say which
+            out.append({"server": server, "reward": None, "error": f"{type(exc).__name__}: {exc}"})
+            continue
         dumped = response.model_dump()
         extracted = dumped.get("extracted_answer", dumped.get("extracted"))
         out.append({"server": server, "reward": float(dumped["reward"]), "extracted": extracted})

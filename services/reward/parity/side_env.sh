@@ -23,4 +23,9 @@ wheel=$(ls "$dir"/wheel/nemo_gym-0.7.0-*.whl)
   "urllib3>=2.8.0" PyJWT requests defusedxml pydot "mlflow>=3.16.1" "ray[default]" yappi wandb \
   datasets tiktoken "math-verify[antlr4_9_3]==0.8.0" "openapi-schema-validator==0.6.3" \
   "tomli-w==1.2.0" "xmltodict==1.0.2" jsonschema reasoning-gym
+# instruction_following checks with verifiable-instructions, published only on GitHub: from
+# an unpacked copy when VI_SRC names one, else from git. It needs no NLTK data except punkt
+# for six ids (which cannot be downloaded everywhere; the parity generator leaves them out).
+"$pip" install -q --no-deps "${VI_SRC:-git+https://github.com/abukharin-nv/verifiable-instructions.git}"
+"$pip" install -q nltk langdetect absl-py immutabledict regex
 echo "export RLFLEET_NEMO_GYM_PYTHON=$dir/venv/bin/python RLFLEET_NEMO_GYM_SRC=$dir/src"

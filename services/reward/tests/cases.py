@@ -109,59 +109,120 @@ def mcqa_row(expected: Any, **extra: Any) -> dict[str, Any]:
     return {"question": "Which planet?", "options": OPTIONS, "expected_answer": expected, **extra}
 
 
+def lenient_row(expected: Any, **extra: Any) -> dict[str, Any]:
+    """A row graded by rlfleet's opt-in lenient mode."""
+    return mcqa_row(expected, grading_mode="lenient", **extra)
+
+
 MCQA = [
-    Case("boxed", mcqa_row("C"), r"Reasoning... \boxed{C}", 1.0, info={"extraction": "boxed"}),
-    Case("boxed-text", mcqa_row("C"), r"\boxed{\text{C}}", 1.0),
-    Case("boxed-paren", mcqa_row("C"), r"\boxed{(C)}", 1.0),
+    Case("boxed", lenient_row("C"), r"Reasoning... \boxed{C}", 1.0, info={"extraction": "boxed"}),
+    Case("boxed-text", lenient_row("C"), r"\boxed{\text{C}}", 1.0),
+    Case("boxed-paren", lenient_row("C"), r"\boxed{(C)}", 1.0),
     Case(
         "answer-colon",
-        mcqa_row("B"),
+        lenient_row("B"),
         "Venus is closest.\nAnswer: B",
         1.0,
         info={"extraction": "answer_phrase"},
     ),
-    Case("answer-is-paren", mcqa_row("B"), "So the answer is (B).", 1.0),
-    Case("bold-answer", mcqa_row("D"), "**Answer:** D", 1.0),
-    Case("lowercase-letter", mcqa_row("D"), "answer: d", 1.0),
+    Case("answer-is-paren", lenient_row("B"), "So the answer is (B).", 1.0),
+    Case("bold-answer", lenient_row("D"), "**Answer:** D", 1.0),
+    Case("lowercase-letter", lenient_row("D"), "answer: d", 1.0),
     Case(
         "final-line-letter",
-        mcqa_row("A"),
+        lenient_row("A"),
         "Thinking about it.\n(A)",
         1.0,
         info={"extraction": "final_line"},
     ),
     Case(
-        "option-text", mcqa_row("C"), "It must be\nEarth", 1.0, info={"extraction": "option_text"}
+        "option-text",
+        lenient_row("C"),
+        "It must be\nEarth",
+        1.0,
+        info={"extraction": "option_text"},
     ),
-    Case("last-phrase-wins", mcqa_row("B"), "Answer: A\nWait. Answer: B", 1.0),
-    Case("wrong-letter", mcqa_row("C"), r"\boxed{B}", 0.0, info={"verdict": "wrong"}),
-    Case("wrong-phrase", mcqa_row("C"), "Answer: A", 0.0),
+    Case("last-phrase-wins", lenient_row("B"), "Answer: A\nWait. Answer: B", 1.0),
+    Case("wrong-letter", lenient_row("C"), r"\boxed{B}", 0.0, info={"verdict": "wrong"}),
+    Case("wrong-phrase", lenient_row("C"), "Answer: A", 0.0),
     Case(
         "no-letter",
-        mcqa_row("C"),
+        lenient_row("C"),
         "I cannot decide between them.",
         0.0,
         info={"verdict": "no_answer"},
     ),
-    Case("letter-outside-options", mcqa_row("C"), "Answer: F", 0.0),
-    Case("empty", mcqa_row("C"), "", 0.0),
-    Case("strict-needs-boxed", mcqa_row("C", grading_mode="strict_boxed"), "Answer: C", 0.0),
-    Case("strict-boxed-ok", mcqa_row("C", grading_mode="strict_boxed"), r"\boxed{C}", 1.0),
-    Case("expected-lowercase", mcqa_row("c"), r"\boxed{C}", 1.0),
+    Case("letter-outside-options", lenient_row("C"), "Answer: F", 0.0),
+    Case("empty", lenient_row("C"), "", 0.0),
+    Case("strict-needs-boxed", mcqa_row("C"), "Answer: C", 0.0),
+    Case("strict-boxed-ok", mcqa_row("C"), r"\boxed{C}", 1.0),
+    # NeMo-Gym's grading modes (the default is strict_single_letter_boxed).
+    Case("nemo-boxed-label", mcqa_row("C"), r"\boxed{C: Earth}", 1.0),
+    Case("nemo-boxed-lowercase", mcqa_row("C"), r"\boxed{c}", 0.0),
     Case(
-        "options-as-strings", {"options": ["x", "y", "z"], "expected_answer": "B"}, "Answer: B", 1.0
+        "nemo-lenient-boxed-text",
+        mcqa_row("C", grading_mode="lenient_boxed"),
+        r"\boxed{\text{earth}}",
+        1.0,
+    ),
+    Case(
+        "nemo-answer-colon",
+        mcqa_row("B", grading_mode="lenient_answer_colon"),
+        "Answer: venus",
+        1.0,
+    ),
+    Case(
+        "nemo-md-list-is-no-answer",
+        mcqa_row("B", grading_mode="lenient_answer_colon_md"),
+        "**Answer:** B or C",
+        0.0,
+    ),
+    Case(
+        "nemo-output-regex",
+        mcqa_row("D", template_metadata={"output_regex": r"\[\[([A-Z])\]\]"}),
+        "[[d]]",
+        1.0,
+    ),
+    Case(
+        "no-options-nemo-mode", {"expected_answer": "E"}, r"\boxed{E}", invalid_field="row.options"
+    ),
+    Case(
+        "bad-output-regex",
+        mcqa_row("A", template_metadata={"output_regex": "(["}),
+        "A",
+        invalid_field="row.template_metadata.output_regex",
+    ),
+    Case(
+        "two-group-output-regex",
+        mcqa_row("A", template_metadata={"output_regex": "(a)(b)"}),
+        "A",
+        invalid_field="row.template_metadata.output_regex",
+    ),
+    Case("expected-lowercase", lenient_row("c"), r"\boxed{C}", 1.0),
+    Case(
+        "options-as-strings",
+        {"options": ["x", "y", "z"], "expected_answer": "B", "grading_mode": "lenient"},
+        "Answer: B",
+        1.0,
     ),
     Case(
         "options-as-dict",
-        {"options": {"A": "x", "B": "y"}, "expected_answer": "A"},
+        {"options": {"A": "x", "B": "y"}, "expected_answer": "A", "grading_mode": "lenient"},
         "Answer: A",
         1.0,
     ),
-    Case("no-options", {"expected_answer": "E"}, r"\boxed{E}", 1.0),
-    Case("missing-expected", {"options": OPTIONS}, "A", invalid_field="row.expected_answer"),
-    Case("expected-not-an-option", mcqa_row("F"), "A", invalid_field="row.expected_answer"),
-    Case("expected-two-letters", mcqa_row("AB"), "A", invalid_field="row.expected_answer"),
-    Case("bad-options", mcqa_row("A", options=[1, 2]), "A", invalid_field="row.options[0]"),
+    Case(
+        "no-options-lenient", {"expected_answer": "E", "grading_mode": "lenient"}, r"\boxed{E}", 1.0
+    ),
+    Case(
+        "missing-expected",
+        {"options": OPTIONS, "grading_mode": "lenient"},
+        "A",
+        invalid_field="row.expected_answer",
+    ),
+    Case("expected-not-an-option", lenient_row("F"), "A", invalid_field="row.expected_answer"),
+    Case("expected-two-letters", lenient_row("AB"), "A", invalid_field="row.expected_answer"),
+    Case("bad-options", lenient_row("A", options=[1, 2]), "A", invalid_field="row.options[0]"),
     Case(
         "bad-grading-mode",
         mcqa_row("A", grading_mode="fuzzy"),
@@ -353,9 +414,42 @@ INSTRUCTION_FOLLOWING = [
         0.0,
         info={"not_followed": "punctuation:no_comma"},
     ),
-    Case("lowercase", if_row(["change_case:english_lowercase"]), "all quiet here.", 1.0),
+    Case(
+        "lowercase",
+        if_row(["change_case:english_lowercase"]),
+        "the river runs under the old stone bridge.",
+        1.0,
+    ),
+    # Lowercase is not enough: the text must be English (langdetect, as NeMo-Gym checks).
+    # NLTK's tokenizer runs in the workers (keywords:start_end), and NeMo-Gym's own ids work.
+    Case("start-end-word", if_row(["keywords:start_end"]), "Hello there, hello", 1.0),
+    Case(
+        "nemo-gym-layout",
+        {
+            "id": 7,
+            "verifier_metadata": {
+                "instruction_id_list": ["last_word:last_word_answer", "count:lowercase_counting"],
+                "prompt": "p",
+                "kwargs": [{"last_word": "contest"}, {"N": 3}],
+                "grading_mode": "fraction",
+            },
+        },
+        "We Won The contest!",
+        1.0,
+    ),
+    Case(
+        "lowercase-not-english",
+        if_row(["change_case:english_lowercase"]),
+        "el río corre bajo el viejo puente de piedra.",
+        0.0,
+    ),
     Case("lowercase-broken", if_row(["change_case:english_lowercase"]), "All quiet here.", 0.0),
-    Case("uppercase", if_row(["change_case:english_capital"]), "SHOUTING NOW!", 1.0),
+    Case(
+        "uppercase",
+        if_row(["change_case:english_capital"]),
+        "THE RIVER RUNS UNDER THE OLD STONE BRIDGE!",
+        1.0,
+    ),
     Case(
         "keywords",
         if_row(["keywords:existence"], [{"keywords": ["apple", "Pear"]}]),
@@ -427,20 +521,20 @@ INSTRUCTION_FOLLOWING = [
     Case(
         "combined-all",
         if_row(["punctuation:no_comma", "change_case:english_lowercase"]),
-        "quiet and calm",
+        "the river runs under the old stone bridge",
         1.0,
     ),
     Case(
         "combined-one-fails",
         if_row(["punctuation:no_comma", "change_case:english_lowercase"]),
-        "quiet, calm",
+        "the river runs under the old stone bridge, slowly",
         0.0,
         info={"num_followed": "1/2"},
     ),
     Case(
         "fraction-mode",
         if_row(["punctuation:no_comma", "change_case:english_lowercase"], grading_mode="fraction"),
-        "quiet, calm",
+        "the river runs under the old stone bridge, slowly",
         0.5,
     ),
     Case(
@@ -586,7 +680,29 @@ REASONING_GYM = [
             "1",
             invalid_field="row.answer",
         )
-        for kind, value in (("null", None), ("list", [1]), ("object", {"a": 1}), ("bool", True))
+        for kind, value in (("list", [1]), ("object", {"a": 1}), ("bool", True))
+    ),
+    # A null answer is allowed (some tasks score from metadata, as NeMo-Gym allows); a
+    # scorer that then raises gives 0, not a failure.
+    Case(
+        "answer-null",
+        {"answer": None, "metadata": {"source_dataset": "leg_counting"}},
+        "1",
+        0.0,
+        info={
+            "scorer_error": "TypeError: 'in <string>' requires string as left operand, not NoneType"
+        },
+    ),
+    Case("flat-first-box", rg_row("basic_arithmetic", "3"), r"\boxed{3} then \boxed{4}", 1.0),
+    Case(
+        "balanced-box-opt-in",
+        rg_row(
+            "basic_arithmetic",
+            "4",
+        )
+        | {"answer_extraction": "balanced_boxed"},
+        r"\boxed{3} then \boxed{4}",
+        1.0,
     ),
     Case(
         "metadata-not-object",
@@ -990,14 +1106,24 @@ LOW_EFFORT = [
     ),
     Case(
         "wraps-mcqa",
-        {"inner_env": "mcqa", "expected_answer": "B", "token_budget": 100},
+        {
+            "inner_env": "mcqa",
+            "expected_answer": "B",
+            "grading_mode": "lenient",
+            "token_budget": 100,
+        },
         "Answer: B",
         0.75,
         num_tokens=50,
     ),
     Case(
         "wraps-mcqa-wrong",
-        {"inner_env": "mcqa", "expected_answer": "B", "token_budget": 100},
+        {
+            "inner_env": "mcqa",
+            "expected_answer": "B",
+            "grading_mode": "lenient",
+            "token_budget": 100,
+        },
         "Answer: C",
         0.0,
         num_tokens=50,
@@ -1010,7 +1136,7 @@ LOW_EFFORT = [
             "grading_mode": "fraction",
             "token_budget": 10,
         },
-        "a, b",
+        "the river runs under the old stone bridge, slowly",
         0.5 - 0.5 * 0.5 * 0.5,
         num_tokens=5,
     ),

@@ -128,9 +128,14 @@ def _malformed(k: int) -> Request:
 def _valid(i: int) -> Request:
     kind = i % 6
     if kind == 0:
-        return _grpc("mcqa", {"expected_answer": "B"}, f"Answer: {'ABCD'[i % 4]}")
+        return _grpc(
+            "mcqa", {"expected_answer": "B", "grading_mode": "lenient"}, f"Answer: {'ABCD'[i % 4]}"
+        )
     if kind == 1:
-        return _http("mcqa", _body({"expected_answer": "C"}, f"Answer: {'ABCD'[i % 4]}"))
+        return _http(
+            "mcqa",
+            _body({"expected_answer": "C", "grading_mode": "lenient"}, f"Answer: {'ABCD'[i % 4]}"),
+        )
     if kind == 2:
         return _grpc("structured_outputs", {"schema_str": _SCHEMA}, json.dumps({"id": i}))
     if kind == 3:

@@ -36,7 +36,7 @@ def test_score_low_effort_enables_inner_env() -> None:
     result = score_command(
         "low_effort",
         "Answer: B",
-        ["inner_env=mcqa", "expected_answer=B", "token_budget=100"],
+        ["inner_env=mcqa", "expected_answer=B", "grading_mode=lenient", "token_budget=100"],
         num_tokens=50,
     )
     assert result["reward"] == pytest.approx(0.75)

@@ -78,7 +78,9 @@ def test_nemo_gym_math_row_unchanged(http: httpx.Client) -> None:
 
 
 def test_verify_routes_on_env_field(http: httpx.Client) -> None:
-    body = nemo_request("q", nemo_response("Answer: B"), env="mcqa", expected_answer="B")
+    body = nemo_request(
+        "q", nemo_response("Answer: B"), env="mcqa", expected_answer="B", grading_mode="lenient"
+    )
     assert http.post("/verify", json=body).json()["reward"] == 1.0
 
 

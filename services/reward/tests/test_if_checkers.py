@@ -223,3 +223,191 @@ def test_ifbench_keywords_multiple_row_by_hand() -> None:
     env = InstructionFollowingEnvironment()
     assert env.score(env.parse_row(row), Sample(text)).reward == 1.0
     assert env.score(env.parse_row(row), Sample(text + " " + kw["keyword1"])).reward == 0.0
+
+
+# NeMo-Gym's instruction_following server checks with the verifiable_instructions registry:
+# every one of its ids is ours (the parity test compares verdicts; these are its names).
+REGISTRY_IDS = {
+    *IFEVAL_IDS,
+    "copy:copy",
+    "copy:copying_multiple",
+    "copy:copying_simple",
+    "copy:repeat_phrase",
+    "count:count_increment_word",
+    "count:count_unique",
+    "count:counting_composition",
+    "count:lowercase_counting",
+    "detectable_format:bigram_wrapping",
+    "detectable_format:sentence_hyphens",
+    "detectable_format:square_brackets",
+    "first_word:first_word_answer",
+    "first_word:first_word_sent",
+    "keywords:exclude_word_harder",
+    "keywords:keyword_specific_position",
+    "keywords:no_adjacent_consecutive",
+    "keywords:palindrome",
+    "keywords:start_end",
+    "keywords:word_count_different_numbers",
+    "keywords:word_once",
+    "language:response_language",
+    "last_word:last_word_answer",
+    "last_word:last_word_sent",
+    "letters:letter_counting",
+    "letters:letter_counting2",
+    "new:copy_span_idx",
+    "paragraphs:paragraphs",
+    "paragraphs:paragraphs2",
+    "punctuation:punctuation_dot",
+    "punctuation:punctuation_exclamation",
+}
+
+
+def test_every_nemo_gym_registry_id() -> None:
+    assert len(REGISTRY_IDS) == 54
+    assert set(CHECKERS) >= REGISTRY_IDS, sorted(REGISTRY_IDS - set(CHECKERS))
+
+
+# The ids whose reference checks need NLTK's punkt data (NeMo-Gym cannot run them without
+# it, so the parity test leaves them out): verdicts worked out by hand, as punkt splits
+# these texts (abbreviations do not end a sentence; word_tokenize splits off a sentence's
+# final period and commas).
+@pytest.mark.parametrize(
+    ("instruction_id", "text", "args", "expected"),
+    [
+        (
+            "length_constraints:number_sentences",
+            "One. Two! Three?",
+            {"num_sentences": 3, "relation": "at least"},
+            True,
+        ),
+        (
+            "length_constraints:number_sentences",
+            "One. Two! Three?",
+            {"num_sentences": 3, "relation": "less than"},
+            False,
+        ),
+        (
+            "length_constraints:number_sentences",
+            "Dr. Smith came. He left.",
+            {"num_sentences": 3, "relation": "less than"},
+            True,
+        ),
+        (
+            "length_constraints:number_sentences",
+            "It costs 2.5 dollars. Fine",
+            {"num_sentences": 2, "relation": "at least"},
+            True,
+        ),
+        (
+            "length_constraints:number_sentences",
+            "",
+            {"num_sentences": 1, "relation": "less than"},
+            True,
+        ),
+        (
+            "change_case:capital_word_frequency",
+            "The NASA and ESA teams met the UN.",
+            {"capital_frequency": 3, "capital_relation": "at least"},
+            True,
+        ),
+        (
+            "change_case:capital_word_frequency",
+            "The NASA and ESA teams met the UN.",
+            {"capital_frequency": 3, "capital_relation": "less than"},
+            False,
+        ),
+        ("count:count_unique", "red green blue", {}, True),
+        ("count:count_unique", "red green red", {}, False),
+        ("count:count_unique", "Red red", {}, True),
+        ("count:count_unique", "It is. It is", {}, False),
+        (
+            "keywords:keyword_specific_position",
+            "I like tea. You like coffee.",
+            {"keyword": "coffee", "n": 2, "m": 3},
+            True,
+        ),
+        (
+            "keywords:keyword_specific_position",
+            "I like tea. You like coffee.",
+            {"keyword": "coffee", "n": 1, "m": 3},
+            False,
+        ),
+        (
+            "keywords:keyword_specific_position",
+            "I like tea.",
+            {"keyword": "tea", "n": 2, "m": 1},
+            False,
+        ),
+        ("keywords:start_end", "Hello there, hello", {}, True),
+        ("keywords:start_end", "Hello there, hello.", {}, False),
+        ("keywords:start_end", "Hello", {}, False),
+        (
+            "count:counting_composition",
+            "I ran. We sat. *** He ate. She slept. *** It rained. They left.",
+            {"n_sent": 2, "n_words": 3},
+            True,
+        ),
+        (
+            "count:counting_composition",
+            "I ran. We sat. *** He ate. She slept well. *** It rained. They left.",
+            {"n_sent": 2, "n_words": 3},
+            False,
+        ),
+        (
+            "count:counting_composition",
+            "I ran. We sat. *** He ate. She slept.",
+            {"n_sent": 2, "n_words": 3},
+            False,
+        ),
+    ],
+)
+def test_punkt_ids_by_hand(
+    instruction_id: str, text: str, args: dict[str, Any], expected: bool
+) -> None:
+    assert check(instruction_id, text, **args) is expected
+
+
+@pytest.mark.parametrize(
+    ("instruction_id", "args", "field"),
+    [
+        # verifiable_instructions replaces these by random values; refused here instead.
+        ("copy:copying_multiple", {"prompt_to_repeat": "x", "N": 0}, "N"),
+        ("count:lowercase_counting", {"N": 0}, "N"),
+        (
+            "length_constraints:nth_paragraph_first_word",
+            {"num_paragraphs": 2, "nth_paragraph": 3, "first_word": "a"},
+            "nth_paragraph",
+        ),
+        (
+            "keywords:letter_frequency",
+            {"letter": "é", "let_frequency": 1, "let_relation": "at least"},
+            "letter",
+        ),
+    ],
+)
+def test_random_defaults_refused(instruction_id: str, args: dict[str, Any], field: str) -> None:
+    with pytest.raises(RowError) as err:
+        InstructionFollowingEnvironment().parse_row(
+            {"instruction_id_list": [instruction_id], "kwargs": [args]}
+        )
+    assert err.value.field == f"kwargs[0].{field}"
+
+
+def test_verifier_metadata_layout_and_exact_fraction() -> None:
+    env = InstructionFollowingEnvironment()
+    ids = [
+        "punctuation:no_comma",
+        "punctuation:punctuation_dot",
+        "punctuation:punctuation_exclamation",
+    ]
+    row = {
+        "id": 1,
+        "instruction_id_list": ["keywords:existence"],  # legacy field, overridden below
+        "verifier_metadata": {
+            "instruction_id_list": [*ids, *ids[:2]],
+            "kwargs": [{}] * 5,
+            "grading_mode": "fraction",
+        },
+    }
+    score = env.score(env.parse_row(row), Sample(text="a, b"))
+    assert score.reward == 3 / 5  # not 0.2 + 0.2 + 0.2 = 0.6000000000000001

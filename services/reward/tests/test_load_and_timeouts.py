@@ -116,7 +116,9 @@ async def test_1000_concurrent_http_with_10_percent_malformed(reward_server: Rew
                 ]
             }
             body = (
-                {"expected_answer": "B", "response": response} if i % 10 else {"response": response}
+                {"expected_answer": "B", "grading_mode": "lenient", "response": response}
+                if i % 10
+                else {"response": response}
             )
             async with client.post("/mcqa/verify", json=body) as reply:
                 data = await reply.json()

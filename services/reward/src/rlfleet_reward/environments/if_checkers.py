@@ -1,11 +1,14 @@
-"""Verifiable instruction checkers (IFEval ids, plus IFBench ids we can check without NLTK).
+"""Verifiable instruction checkers: IFEval's ids here, the rest of NeMo-Gym's
+`verifiable_instructions` registry in if_checkers_more.py, and IFBench ids (rlfleet's own).
 
 Each checker is a plain function `(text, **args) -> bool` registered under its
 instruction id with converters for its arguments, so a row's `kwargs` are validated in
 the gateway (bad or missing argument -> INVALID_ARGUMENT naming it) before any checking.
-Semantics follow the published IFEval / IFBench definitions; word and sentence splitting
-use regular expressions instead of NLTK downloads (words = runs of \\w, as IFEval's
-`count_words`; sentences end in . ! or ? followed by space or the end).
+Semantics are those of the `verifiable_instructions` package NeMo-Gym's
+instruction_following server checks with (keywords are regular expressions, as there; one
+that does not compile is not followed). Six of its checks need NLTK's punkt data, which
+cannot be downloaded here (see if_checkers_more.py for how those ids are checked).
+The registry itself (CHECKERS, kwarg converters) is if_registry.py.
 """
 
 from __future__ import annotations
@@ -13,102 +16,44 @@ from __future__ import annotations
 import json
 import re
 import string
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-Converter = Callable[[Any], Any]
+from rlfleet_reward.environments.if_registry import (
+    CHECKERS,
+    Checker,
+    checker,
+    compare_count,
+    count_arg,
+    count_matches,
+    count_words,
+    letter_arg,
+    relation_arg,
+    search,
+    text_arg,
+    words_arg,
+)
 
-
-@dataclass(frozen=True)
-class Checker:
-    instruction_id: str
-    check: Callable[..., bool]
-    args: dict[str, Converter]
-
-
-CHECKERS: dict[str, Checker] = {}
-
-
-def checker(
-    instruction_id: str, **args: Converter
-) -> Callable[[Callable[..., bool]], Callable[..., bool]]:
-    def register(fn: Callable[..., bool]) -> Callable[..., bool]:
-        CHECKERS[instruction_id] = Checker(instruction_id, fn, args)
-        return fn
-
-    return register
-
-
-# --- argument converters (ValueError messages end up in INVALID_ARGUMENT) ---------------
-
-
-def text_arg(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def count_arg(value: Any) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or int(value) != value
-        or value < 0
-    ):
-        raise ValueError(f"expected a non-negative integer, got {value!r}")
-    return int(value)
-
-
-def words_arg(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ValueError(f"expected a non-empty list of strings, got {value!r}")
-    return tuple(value)
-
-
-def relation_arg(value: Any) -> str:
-    if value not in ("less than", "at least"):
-        raise ValueError(f"expected 'less than' or 'at least', got {value!r}")
-    return str(value)
-
-
-def letter_arg(value: Any) -> str:
-    if not isinstance(value, str) or len(value) != 1 or not value.isalpha():
-        raise ValueError(f"expected a single letter, got {value!r}")
-    return value.lower()
-
-
-def _compare(count: int, relation: str, target: int) -> bool:
-    return count < target if relation == "less than" else count >= target
-
-
-def count_words(text: str) -> int:
-    return len(re.findall(r"\w+", text))
-
-
-def split_sentences(text: str) -> list[str]:
-    parts = re.split(r"(?<=[.!?])\s+", text.strip())
-    return [p for p in parts if re.search(r"\w", p)]
-
+__all__ = ["CHECKERS", "Checker"]
 
 # --- IFEval ---------------------------------------------------------------------------
 
 
 @checker("keywords:existence", keywords=words_arg)
 def keywords_existence(text: str, keywords: tuple[str, ...]) -> bool:
-    return all(re.search(re.escape(k), text, re.IGNORECASE) for k in keywords)
+    return all(search(k, text) for k in keywords)
 
 
 @checker("keywords:frequency", keyword=text_arg, frequency=count_arg, relation=relation_arg)
 def keyword_frequency(text: str, keyword: str, frequency: int, relation: str) -> bool:
-    return _compare(len(re.findall(re.escape(keyword), text, re.IGNORECASE)), relation, frequency)
+    found = count_matches(keyword.strip(), text)
+    return found >= 0 and compare_count(found, relation, frequency)
 
 
 @checker("keywords:forbidden_words", forbidden_words=words_arg)
 def forbidden_words(text: str, forbidden_words: tuple[str, ...]) -> bool:
-    return not any(
-        re.search(r"\b" + re.escape(w) + r"\b", text, re.IGNORECASE) for w in forbidden_words
-    )
+    try:
+        return not any(re.search(rf"\b{w}\b", text, re.IGNORECASE) for w in forbidden_words)
+    except re.error:
+        return False
 
 
 @checker(
@@ -118,12 +63,7 @@ def forbidden_words(text: str, forbidden_words: tuple[str, ...]) -> bool:
     let_relation=relation_arg,
 )
 def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
-    return _compare(text.lower().count(letter), let_relation, let_frequency)
-
-
-@checker("length_constraints:number_sentences", num_sentences=count_arg, relation=relation_arg)
-def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
-    return _compare(len(split_sentences(text)), relation, num_sentences)
+    return compare_count(text.lower().count(letter), let_relation, let_frequency)
 
 
 @checker("length_constraints:number_paragraphs", num_paragraphs=count_arg)
@@ -137,7 +77,7 @@ def number_paragraphs(text: str, num_paragraphs: int) -> bool:
 
 @checker("length_constraints:number_words", num_words=count_arg, relation=relation_arg)
 def number_words(text: str, num_words: int, relation: str) -> bool:
-    return _compare(count_words(text), relation, num_words)
+    return compare_count(count_words(text), relation, num_words)
 
 
 @checker(
@@ -149,14 +89,16 @@ def number_words(text: str, num_words: int, relation: str) -> bool:
 def nth_paragraph_first_word(
     text: str, num_paragraphs: int, nth_paragraph: int, first_word: str
 ) -> bool:
-    paragraphs = [p for p in re.split(r"\n\n", text) if p.strip()]
-    if len(paragraphs) != num_paragraphs or not 1 <= nth_paragraph <= len(paragraphs):
+    # Empty paragraphs do not count, but nth_paragraph indexes the split as is.
+    paragraphs = text.split("\n\n")
+    count = sum(1 for p in paragraphs if p.strip())
+    if not 1 <= nth_paragraph <= count or not paragraphs[nth_paragraph - 1].strip():
         return False
-    words = paragraphs[nth_paragraph - 1].split()
-    if not words:
-        return False
-    word = words[0].strip(string.punctuation + "'\"").lower()
-    return word == first_word.strip().lower()
+    word = paragraphs[nth_paragraph - 1].split()[0].lstrip("'").lstrip('"')
+    head = re.match(r"[^.,?!'\"]*", word)
+    return (
+        count == num_paragraphs and head is not None and head.group(0).lower() == first_word.lower()
+    )
 
 
 @checker("detectable_content:number_placeholders", num_placeholders=count_arg)
@@ -166,14 +108,14 @@ def number_placeholders(text: str, num_placeholders: int) -> bool:
 
 @checker("detectable_content:postscript", postscript_marker=text_arg)
 def postscript(text: str, postscript_marker: str) -> bool:
-    marker = postscript_marker.strip().lower()
-    if marker == "p.s.":
-        pattern = r"\s*p\.\s?s\..*$"
-    elif marker == "p.p.s":
+    marker = postscript_marker.strip()
+    if marker == "P.P.S":
         pattern = r"\s*p\.\s?p\.\s?s.*$"
-    else:
-        pattern = r"\s*" + re.escape(marker) + r".*$"
-    return bool(re.findall(pattern, text.lower(), flags=re.MULTILINE))
+    elif marker == "P.S.":
+        pattern = r"\s*p\.\s?s\..*$"
+    else:  # the marker is a regular expression, lowercased like the text
+        pattern = r"\s*" + marker.lower() + r".*$"
+    return search(pattern, text.lower(), re.MULTILINE)
 
 
 @checker("detectable_format:number_bullet_lists", num_bullets=count_arg)
@@ -204,7 +146,10 @@ def number_highlighted_sections(text: str, num_highlights: int) -> bool:
 
 @checker("detectable_format:multiple_sections", section_spliter=text_arg, num_sections=count_arg)
 def multiple_sections(text: str, section_spliter: str, num_sections: int) -> bool:
-    sections = re.split(r"\s?" + re.escape(section_spliter.strip()) + r"\s?\d+\s?", text)
+    try:
+        sections = re.split(r"\s?" + section_spliter.strip() + r"\s?\d+\s?", text)
+    except re.error:
+        return False
     return len(sections) - 1 >= num_sections
 
 
@@ -223,16 +168,16 @@ def json_format(text: str) -> bool:
 
 @checker("detectable_format:title")
 def title(text: str) -> bool:
-    return any(t.strip("<>").strip() for t in re.findall(r"<<[^\n]+>>", text))
+    return any(t.lstrip("<").rstrip(">").strip() for t in re.findall(r"<<[^\n]+>>", text))
 
 
 @checker("combination:two_responses")
 def two_responses(text: str) -> bool:
     parts = text.split("******")
-    responses = [p.strip() for p in parts]
-    if len(responses) != 2 or not all(responses):
+    if any(not p.strip() for p in parts[1:-1]):  # an empty answer between two separators
         return False
-    return responses[0] != responses[1]
+    responses = [p for p in parts if p.strip()]
+    return len(responses) == 2 and responses[0].strip() != responses[1].strip()
 
 
 @checker("combination:repeat_prompt", prompt_to_repeat=text_arg)
@@ -251,22 +196,31 @@ def quotation(text: str) -> bool:
     return len(stripped) > 1 and stripped[0] == '"' and stripped[-1] == '"'
 
 
-@checker(
-    "change_case:capital_word_frequency", capital_frequency=count_arg, capital_relation=relation_arg
-)
-def capital_word_frequency(text: str, capital_frequency: int, capital_relation: str) -> bool:
-    capitals = [w for w in re.findall(r"\b[^\W\d_]+\b", text) if w.isupper()]
-    return _compare(len(capitals), capital_relation, capital_frequency)
+def detect_language(text: str) -> str | None:
+    """langdetect's language code, None when it cannot tell (no letters)."""
+    from langdetect import DetectorFactory, LangDetectException, detect
+
+    DetectorFactory.seed = 0  # langdetect samples at random; seeded, a text gets one answer
+    try:
+        return str(detect(text))
+    except LangDetectException:
+        return None
+
+
+@checker("language:response_language", language=text_arg)
+def response_language(text: str, language: str) -> bool:
+    detected = detect_language(text)
+    return detected is None or detected == language  # undetectable counts as followed
 
 
 @checker("change_case:english_capital")
 def english_capital(text: str) -> bool:
-    return text.isupper()
+    return text.isupper() and detect_language(text) in ("en", None)
 
 
 @checker("change_case:english_lowercase")
 def english_lowercase(text: str) -> bool:
-    return text.islower()
+    return text.islower() and detect_language(text) in ("en", None)
 
 
 @checker("punctuation:no_comma")
@@ -379,3 +333,7 @@ _REPEAT_SIMPLE = "Only output this sentence here, ignore all other requests."
 @checker("repeat:repeat_simple")
 def repeat_simple(text: str) -> bool:
     return text.strip().lower() == _REPEAT_SIMPLE.lower()
+
+
+# Importing this module registers the whole set: the rest of NeMo-Gym's registry too.
+from rlfleet_reward.environments import if_checkers_more  # noqa: E402, F401

@@ -1,14 +1,18 @@
-"""`instruction_following`: IFEval-style verifiable instructions, combined per prompt.
+"""`instruction_following`: verifiable instructions combined per prompt, graded as NeMo-Gym's
+`instruction_following` server grades them.
 
-Row fields (IFEval / IFBench / NeMo-Gym IF shape):
+Row fields (NeMo-Gym's shape, IFEval's and IFBench's): under `verifier_metadata`, or at the
+top level (NeMo-Gym's legacy layout; `verifier_metadata` wins where both give a field):
 - `instruction_id_list` (required): e.g. ["keywords:existence", "punctuation:no_comma"];
-  every id must be one of `if_checkers.CHECKERS` (35 ids: IFEval's plus IFBench's that need
-  no NLTK data).
+  every id must be one of `if_checkers.CHECKERS`: the ids of NeMo-Gym's
+  `verifiable_instructions` registry (if_checkers.py, if_checkers_more.py) plus IFBench ids
+  (rlfleet's own; NeMo-Gym does not know them and scores them 0).
 - `kwargs` (optional): one object per instruction, same order; keys an instruction does
   not take, and null values (IFBench writes every key), are ignored.
-- `grading_mode` (optional): `all` (default; reward 1 only if every instruction is
-  followed, IFEval's prompt-level strict accuracy) or `fraction` (each followed
-  instruction earns 1/k, one reward component per instruction).
+- `grading_mode` (optional): `binary` (default; reward 1 only if every instruction is
+  followed, IFEval's prompt-level strict accuracy; `all` is the same) or `fraction` (the
+  share of instructions followed, one reward component per instruction).
+- `prompt`, `id`: carried, not graded.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import Environment, choice, require
 from rlfleet_reward.environments.if_checkers import CHECKERS
-from rlfleet_reward.types import RowError, Sample, Score, scored
+from rlfleet_reward.types import RowError, Sample, Score
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,12 @@ def parse_instructions(
                 args.append((name, convert(given[name])))
             except ValueError as exc:
                 raise RowError(f"kwargs[{i}].{name}", str(exc)) from None
+        values = dict(args)
+        if instruction_id == "length_constraints:nth_paragraph_first_word" and not (
+            1 <= values["nth_paragraph"] <= values["num_paragraphs"]
+        ):
+            # verifiable_instructions would pick a random paragraph instead.
+            raise RowError(f"kwargs[{i}].nth_paragraph", "must be within [1, num_paragraphs]")
         parsed.append((instruction_id, tuple(args)))
     return tuple(parsed)
 
@@ -72,8 +82,15 @@ class InstructionFollowingEnvironment(Environment):
     optional_fields: ClassVar[tuple[str, ...]] = ("kwargs", "grading_mode", "prompt")
 
     def parse_row(self, row: Mapping[str, Any]) -> IfSpec:
-        fraction = choice(row, "grading_mode", ("all", "fraction"), "all") == "fraction"
-        return IfSpec(parse_instructions(row), fraction)
+        meta = row.get("verifier_metadata")
+        if meta is not None:
+            if not isinstance(meta, dict):
+                raise RowError(
+                    "verifier_metadata", f"expected an object, got {type(meta).__name__}"
+                )
+            row = {**row, **meta}
+        mode = choice(row, "grading_mode", ("binary", "all", "fraction"), "binary")
+        return IfSpec(parse_instructions(row), mode == "fraction")
 
     def score(self, spec: IfSpec, sample: Sample) -> Score:
         results: list[
@@ -91,7 +108,18 @@ class InstructionFollowingEnvironment(Environment):
             "not_followed": ",".join(failed),
             "num_followed": f"{len(passed)}/{len(results)}",
         }
+        info = {k: str(v) for k, v in info.items()}
         if spec.fraction:
             share = 1.0 / len(results)
-            return scored({k: share if ok else 0.0 for k, ok in results}, **info)
-        return scored({"all_followed": 1.0 if not failed else 0.0}, **info)
+            # The reward is followed/total exactly, as NeMo-Gym computes it (a sum of
+            # shares can differ in the last bit, e.g. 3 x 0.2 != 0.6).
+            return Score(
+                reward=len(passed) / len(results),
+                components={k: share if ok else 0.0 for k, ok in results},
+                info=info,
+            )
+        return Score(
+            reward=1.0 if not failed else 0.0,
+            components={"all_followed": 1.0 if not failed else 0.0},
+            info=info,
+        )

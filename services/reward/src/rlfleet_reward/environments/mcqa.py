@@ -1,17 +1,22 @@
-r"""`mcqa`: STEM multiple choice; the chosen letter is extracted and compared.
+r"""`mcqa`: STEM multiple choice, graded as NeMo-Gym's `mcqa` resources server grades it.
 
-Row fields:
-- `expected_answer` (required): the correct letter, "A".."Z" (case-insensitive).
-- `options` (optional): the choices, as NeMo-Gym writes them (a list of one-entry dicts
-  `[{"A": "text"}, ...]`), as a dict `{"A": "text"}` or as a list of strings (lettered A,
-  B, ...). When given, only their letters are valid and an answer that quotes an
-  option's text verbatim counts as that letter.
-- `grading_mode` (optional): `lenient` (default: every format below) or `strict_boxed`
-  (only \boxed{X} counts).
+Row fields (NeMo-Gym's names, accepted unchanged):
+- `expected_answer` (required): the correct letter (case-insensitive).
+- `options`: the choices, as NeMo-Gym writes them (a list of `{letter: text}` objects;
+  entries with a null text are not choices), or as a dict `{"A": "text"}` or a list of
+  strings (lettered A, B, ...). Required, except with `template_metadata.output_regex`
+  or `grading_mode: lenient`: NeMo-Gym accepts only letters named here.
+- `grading_mode`: one of NeMo-Gym's `strict_single_letter_boxed` (default),
+  `lenient_boxed`, `lenient_answer_colon`, `lenient_answer_colon_md` (see mcqa_formats),
+  or rlfleet's opt-in `lenient` (every format below, letters A-J without options).
+- `template_metadata`: `output_regex` (a pattern or a list, tried before the grading
+  mode) and `answer_prefix` (for `lenient_answer_colon_md`), as NeMo-Gym reads them.
+- `question`, `uuid`, `metadata`: carried, not graded.
 
-Formats understood, first match wins: \boxed{X} (also \boxed{\text{X}}, \boxed{(X)});
-"Answer: X", "answer is (X)", "**Answer:** X" (the last such phrase); a final line that
-is just "X", "(X)" or "X." ; a final line equal to an option's text.
+`lenient` (rlfleet's variant) understands, first match wins: \boxed{X} (also
+\boxed{\text{X}}, \boxed{(X)}); "Answer: X", "answer is (X)", "**Answer:** X" (the last
+such phrase); a final line that is just "X", "(X)" or "X."; a final line equal to an
+option's text.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import Environment, choice, require_str
+from rlfleet_reward.environments.mcqa_formats import NEMO_MODES, Options, nemo_letter
 from rlfleet_reward.text import find_boxed
 from rlfleet_reward.types import RowError, Sample, Score, binary
 
@@ -32,42 +38,78 @@ _ANSWER_PHRASE = re.compile(
     re.IGNORECASE,
 )
 _LONE_LETTER = re.compile(r"^\W*\(?([A-Za-z])\)?[.:]?\W*$")
+LENIENT = "lenient"
 
 
 @dataclass(frozen=True)
 class McqaSpec:
     expected: str
     letters: str
-    option_texts: tuple[tuple[str, str], ...]
-    strict: bool
+    option_texts: Options
+    mode: str
+    patterns: tuple[re.Pattern[str], ...] = ()
+    answer_prefix: str | None = None
 
 
-def _parse_options(raw: Any) -> dict[str, str]:
+def _parse_options(raw: Any) -> Options:
+    """(LETTER, text) pairs in row order; null texts dropped (NeMo-Gym ignores them)."""
+    items: list[tuple[Any, Any]] = []
     if isinstance(raw, dict):
         items = list(raw.items())
     elif isinstance(raw, list):
-        items = []
         for i, entry in enumerate(raw):
-            if isinstance(entry, dict) and len(entry) == 1:
+            if isinstance(entry, dict) and entry:
                 items.extend(entry.items())
             elif isinstance(entry, str):
                 if i >= len(string.ascii_uppercase):
                     raise RowError("options", "at most 26 options")
                 items.append((string.ascii_uppercase[i], entry))
             else:
-                raise RowError(
-                    f"options[{i}]", "expected a string or a one-entry {letter: text} object"
-                )
+                raise RowError(f"options[{i}]", "expected a string or a {letter: text} object")
     else:
         raise RowError("options", f"expected a list or an object, got {type(raw).__name__}")
-    options = {}
+    options = []
     for letter, text in items:
-        if not isinstance(letter, str) or len(letter.strip()) != 1 or not letter.strip().isalpha():
+        if not isinstance(letter, str) or len(letter) != 1 or not letter.isalpha():
             raise RowError("options", f"option keys must be single letters, got {letter!r}")
-        options[letter.strip().upper()] = str(text)
-    if len(options) < 2:
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise RowError(f"options.{letter}", f"expected a string, got {type(text).__name__}")
+        options.append((letter.upper(), text))
+    if len({letter for letter, _ in options}) < 2:
         raise RowError("options", "needs at least 2 options")
-    return options
+    return tuple(options)
+
+
+def _parse_template(row: Mapping[str, Any]) -> tuple[tuple[re.Pattern[str], ...], str | None]:
+    meta = row.get("template_metadata")
+    if meta is None:
+        return (), None
+    if not isinstance(meta, dict):
+        raise RowError("template_metadata", f"expected an object, got {type(meta).__name__}")
+    prefix = meta.get("answer_prefix")
+    if prefix is not None and not isinstance(prefix, str):
+        raise RowError("template_metadata.answer_prefix", "expected a string")
+    if "output_regex" not in meta:
+        return (), prefix or None
+    raw = meta["output_regex"]
+    sources = [raw] if isinstance(raw, str) else raw
+    if not isinstance(sources, list) or not all(isinstance(p, str) for p in sources):
+        raise RowError("template_metadata.output_regex", "expected a pattern or a list of them")
+    patterns = []
+    for source in sources:
+        try:
+            pattern = re.compile(source, re.IGNORECASE)
+        except re.error as exc:
+            raise RowError("template_metadata.output_regex", f"not a regex: {exc}") from None
+        if pattern.groups > 1:
+            raise RowError(
+                "template_metadata.output_regex",
+                f"{source!r} has {pattern.groups} groups, at most 1",
+            )
+        patterns.append(pattern)
+    return tuple(patterns), prefix or None
 
 
 def _letter_from_boxed(content: str) -> str | None:
@@ -77,14 +119,12 @@ def _letter_from_boxed(content: str) -> str | None:
 
 
 def extract_letter(text: str, spec: McqaSpec) -> tuple[str | None, str]:
-    """(letter, how it was found) or (None, "none")."""
+    """rlfleet's lenient reading: (letter, how it was found) or (None, "none")."""
     boxed = find_boxed(text)
     if boxed:
         letter = _letter_from_boxed(boxed[-1])
         if letter:
             return letter, "boxed"
-    if spec.strict:
-        return None, "none"
     phrases = [m.group(1).upper() for m in _ANSWER_PHRASE.finditer(text)]
     phrases = [p for p in phrases if p in spec.letters]
     if phrases:
@@ -107,24 +147,55 @@ class McqaEnvironment(Environment):
         "Multiple-choice questions: the chosen letter must equal expected_answer."
     )
     required_fields: ClassVar[tuple[str, ...]] = ("expected_answer",)
-    optional_fields: ClassVar[tuple[str, ...]] = ("options", "grading_mode", "question")
+    optional_fields: ClassVar[tuple[str, ...]] = (
+        "options",
+        "grading_mode",
+        "template_metadata",
+        "question",
+    )
 
     def parse_row(self, row: Mapping[str, Any]) -> McqaSpec:
-        expected = require_str(row, "expected_answer").strip().strip("()").upper()
-        options = _parse_options(row["options"]) if row.get("options") is not None else {}
-        letters = "".join(sorted(options)) if options else _DEFAULT_LETTERS
-        if len(expected) != 1 or expected not in letters:
+        expected = require_str(row, "expected_answer").strip().upper()
+        mode = choice(row, "grading_mode", (*NEMO_MODES, LENIENT), NEMO_MODES[0])
+        patterns, prefix = _parse_template(row)
+        options = _parse_options(row["options"]) if row.get("options") is not None else ()
+        if not options and not patterns and mode != LENIENT:
+            raise RowError(
+                "options",
+                f"required with grading_mode {mode} (only letters named in options count); "
+                "or give template_metadata.output_regex, or grading_mode lenient",
+            )
+        letters = "".join(sorted({letter for letter, _ in options}))
+        if mode == LENIENT and not letters:
+            letters = _DEFAULT_LETTERS
+        if mode == LENIENT:
+            expected = expected.strip("()")
+        # An output_regex may name letters outside options (NeMo-Gym trusts it), so then
+        # any single letter is a valid key.
+        if (
+            len(expected) != 1
+            or not expected.isalpha()
+            or (letters and expected not in letters and not patterns)
+        ):
             raise RowError(
                 "expected_answer",
                 f"must be one of the option letters {letters}; got {row['expected_answer']!r}",
             )
-        strict = (
-            choice(row, "grading_mode", ("lenient", "strict_boxed"), "lenient") == "strict_boxed"
-        )
-        return McqaSpec(expected, letters, tuple(options.items()), strict)
+        return McqaSpec(expected, letters, options, mode, patterns, prefix)
 
     def score(self, spec: McqaSpec, sample: Sample) -> Score:
-        letter, how = extract_letter(sample.text, spec)
+        if spec.mode == LENIENT:
+            letter, how = extract_letter(sample.text, spec)
+        else:
+            letter = nemo_letter(
+                sample.text,
+                spec.mode,
+                spec.option_texts,
+                frozenset(spec.letters),
+                spec.patterns,
+                spec.answer_prefix,
+            )
+            how = spec.mode if letter is not None else "none"
         return binary(
             "correctness",
             letter == spec.expected,

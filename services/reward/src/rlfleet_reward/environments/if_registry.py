@@ -1,0 +1,94 @@
+"""The instruction-checker registry: instruction id -> check function and the converters
+of its kwargs, plus the helpers the checker modules share (if_checkers.py,
+if_checkers_more.py register into CHECKERS)."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Converter = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Checker:
+    instruction_id: str
+    check: Callable[..., bool]
+    args: dict[str, Converter]
+
+
+CHECKERS: dict[str, Checker] = {}
+
+
+def checker(
+    instruction_id: str, **args: Converter
+) -> Callable[[Callable[..., bool]], Callable[..., bool]]:
+    def register(fn: Callable[..., bool]) -> Callable[..., bool]:
+        CHECKERS[instruction_id] = Checker(instruction_id, fn, args)
+        return fn
+
+    return register
+
+
+# --- argument converters (ValueError messages end up in INVALID_ARGUMENT) ---------------
+
+
+def text_arg(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def count_arg(value: Any) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or int(value) != value
+        or value < 0
+    ):
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def words_arg(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"expected a non-empty list of strings, got {value!r}")
+    return tuple(value)
+
+
+def relation_arg(value: Any) -> str:
+    if value not in ("less than", "at least"):
+        raise ValueError(f"expected 'less than' or 'at least', got {value!r}")
+    return str(value)
+
+
+def letter_arg(value: Any) -> str:
+    if not isinstance(value, str) or len(value) != 1 or value.lower() not in string.ascii_lowercase:
+        raise ValueError(f"expected a single letter a-z, got {value!r}")
+    return value.lower()
+
+
+def search(pattern: str, text: str, flags: int = re.IGNORECASE) -> bool:
+    """re.search for a row-given pattern; one that does not compile matches nothing."""
+    try:
+        return re.search(pattern, text, flags) is not None
+    except re.error:
+        return False
+
+
+def count_matches(pattern: str, text: str) -> int:
+    try:
+        return len(re.findall(pattern, text, re.IGNORECASE))
+    except re.error:
+        return -1
+
+
+def compare_count(count: int, relation: str, target: int) -> bool:
+    return count < target if relation == "less than" else count >= target
+
+
+def count_words(text: str) -> int:
+    return len(re.findall(r"\w+", text))
