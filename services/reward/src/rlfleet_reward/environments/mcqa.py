@@ -188,7 +188,7 @@ class McqaEnvironment(Environment):
             letter, how = extract_letter(sample.text, spec)
         else:
             letter = nemo_letter(
-                sample.text,
+                sample.nemo_gym_text,  # the text NeMo-Gym's server reads (response.output_text)
                 spec.mode,
                 spec.option_texts,
                 frozenset(spec.letters),

@@ -111,7 +111,9 @@ class ReasoningGymEnvironment(Environment):
     def score(self, spec: ReasoningGymSpec, sample: Sample) -> Score:
         from reasoning_gym import get_score_answer_fn
 
-        answer = extract_answer(sample.text, spec.balanced_boxed)
+        # NeMo-Gym's extraction reads its own join of the message parts; ours the graded text.
+        text = sample.text if spec.balanced_boxed else sample.nemo_gym_text
+        answer = extract_answer(text, spec.balanced_boxed)
         try:
             value = get_score_answer_fn(spec.task)(answer=answer, entry=spec.entry)
         except Exception as exc:  # scorers raise on answers they cannot parse
