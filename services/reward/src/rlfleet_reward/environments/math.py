@@ -105,6 +105,7 @@ def is_equivalent(expected: str, response_text: str) -> tuple[bool, str]:
 
 class MathEnvironment(Environment):
     name: ClassVar[str] = "math"
+    placement = "process"  # cost per answer: docs/reward.md
     description: ClassVar[str] = (
         "Math answers (\\boxed{} or final-answer lines) checked for equivalence with math-verify."
     )

@@ -51,6 +51,7 @@ def extract_answer(text: str) -> str:
 
 class ReasoningGymEnvironment(Environment):
     name: ClassVar[str] = "reasoning_gym"
+    placement = "process"  # cost per answer: docs/reward.md
     description: ClassVar[str] = "Any reasoning-gym task by name, scored by its own scorer."
     required_fields: ClassVar[tuple[str, ...]] = ("answer", "metadata")
     optional_fields: ClassVar[tuple[str, ...]] = ("question", "task", "entry")

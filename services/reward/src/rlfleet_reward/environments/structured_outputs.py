@@ -128,6 +128,7 @@ def _short(instance: Any) -> str:
 
 class StructuredOutputsEnvironment(Environment):
     name: ClassVar[str] = "structured_outputs"
+    placement = "loop"  # cost per answer: docs/reward.md
     description: ClassVar[str] = "JSON output validated against the row's JSON schema (jsonschema)."
     required_fields: ClassVar[tuple[str, ...]] = ("schema_str",)
     optional_fields: ClassVar[tuple[str, ...]] = ("schema_type",)
