@@ -382,7 +382,9 @@ async def _versus(quick: bool, target: str, url: str, peers: dict[str, Any]) -> 
     if "structured_outputs" in peers:
         them = peers["structured_outputs"].url
         items = peer.valid(structured_items(400 if quick else 2000, rng))
-        await http_load(them, items[:64], 8, peer_route=True)  # warm
+        await http_load(them, items[:64], 8, peer_route=True)  # warm both: connections,
+        await http_load(url, items[:64], 8)  # the schema's compiled validator
+        await grpc_group_load(target, items[:64], 64)
         theirs = await http_load(them, items, 64, peer_route=True)
         ours = await http_load(url, items, 64)
         results += peer.versus_rows("structured_http_c64", ours, theirs, 2.0, len(items))
@@ -392,7 +394,9 @@ async def _versus(quick: bool, target: str, url: str, peers: dict[str, Any]) -> 
     if "math" in peers:
         them = peers["math"].url
         items = peer.valid(math_items(72 if quick else 288, rng))
-        await http_load(them, peer.valid(math_items(16, rng)), 8, peer_route=True)  # warm
+        warm = peer.valid(math_items(16, rng))
+        await http_load(them, warm, 8, peer_route=True)
+        await http_load(url, warm, 8)
         theirs = await http_load(them, items, 64, peer_route=True)
         ours = await http_load(url, items, 64)
         results += peer.versus_rows("math_http_c64", ours, theirs, 10.0, len(items))

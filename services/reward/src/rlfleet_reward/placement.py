@@ -25,8 +25,10 @@ and an overrun is a TIMEOUT failure, never an error reply or a silent 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -58,9 +60,13 @@ def check_placements(overrides: dict[str, str], known: list[str]) -> None:
 
 
 def call_score(env_name: str, spec: Any, sample: Sample) -> Score:
-    """`score` with every exception turned into a VERIFIER_ERROR failure (as in a worker)."""
+    """`score` with every exception turned into a VERIFIER_ERROR failure, and its time in
+    `info.verify_s`, as a worker reports them."""
+    start = time.perf_counter()
     try:
-        return get_environment(env_name).score(spec, sample)
+        score = get_environment(env_name).score(spec, sample)
+        score.info["verify_s"] = f"{time.perf_counter() - start:.4f}"
+        return score
     except Exception as exc:
         return failure(
             FailureKind.VERIFIER_ERROR, f"{env_name} verifier raised {type(exc).__name__}: {exc}"
@@ -124,6 +130,10 @@ class ThreadRunner:
     def _done(self, _: Future[Score]) -> None:
         self._pending -= 1  # called in the loop's thread (call_soon_threadsafe below)
 
+    def _done_threadsafe(self, loop: asyncio.AbstractEventLoop, future: Future[Score]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed while the check ran on
+            loop.call_soon_threadsafe(self._done, future)
+
     async def submit(self, env_name: str, spec: Any, sample: Sample, timeout_s: float) -> Score:
         self.reserve(1)
         if self._executor is None:
@@ -131,7 +141,7 @@ class ThreadRunner:
         loop = asyncio.get_running_loop()
         future = self._executor.submit(call_score, env_name, spec, sample)
         self._pending += 1
-        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._done, f))
+        future.add_done_callback(lambda f: self._done_threadsafe(loop, f))
         try:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.wrap_future(future)
