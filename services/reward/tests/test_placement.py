@@ -179,6 +179,31 @@ async def test_pathological_schema_inline_does_not_stall_healthz(server: RewardS
     assert healthy >= 3, healthy
 
 
+async def test_large_inline_group_does_not_stall_healthz(server: RewardServer) -> None:
+    # 250 checks of 40 ms each, all ready at once: back to back they held the loop 10 s.
+    request = reward_pb2.ScoreGroupRequest(
+        env="probe", row_json="{}", responses=[reward_pb2.Response(text="sleep 0.04")] * 250
+    )
+    async with aio.insecure_channel(server.grpc_target) as channel:
+        stub = reward_pb2_grpc.RewardServiceStub(channel)
+        call = asyncio.ensure_future(stub.ScoreGroup(request, timeout=60))
+        healthy = 0
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while not call.done():
+                reply = await client.get(f"{server.http_url}/healthz")
+                assert reply.status_code == 200, reply.text
+                healthy += 1
+                await asyncio.sleep(0.05)
+        reply = await call
+    assert healthy >= 3, healthy
+    # timeout_s=3 covers waiting for the loop too: the first answers score, the rest that
+    # waited past 3 s are TIMEOUT failures; none is an error or a silent 0.
+    assert reply.results[0].reward == 1.0, reply.results[0].failure_reason
+    for result in reply.results:
+        kind = FailureKind(result.failure_kind)
+        assert kind is FailureKind.TIMEOUT or (kind is FailureKind.NONE and result.reward == 1.0)
+
+
 # --- thread --------------------------------------------------------------------------------
 
 

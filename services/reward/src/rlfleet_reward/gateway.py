@@ -107,6 +107,9 @@ class Gateway:
         if not self.inline.available and "loop" in self.placements.values():
             logger.warning("event loop is not on the main thread: loop placement runs in process")
         self.threads = ThreadRunner(config.pool.threads, config.pool.max_queue)
+        # Inline time spent since the loop last polled for I/O (see `_inline`).
+        self._inline_spent_s = 0.0
+        self._inline_reset_due = False
 
     async def start(self) -> None:
         # Environments' own warm-up (reasoning-gym's task list) runs beside the pool's.
@@ -251,9 +254,8 @@ class Gateway:
         if where == "thread":
             return await self.threads.submit(env_name, spec, sample, budget_s)
         if where == "loop" and self.inline.usable():
-            guard_s = min(self.config.pool.inline_budget_s, budget_s)
             start = time.monotonic()
-            result = self.inline.run(env_name, spec, sample, guard_s)
+            result = await self._inline(env_name, spec, sample, budget_s)
             if result is not None:
                 return result
             # Overran its guard: score again where it can be killed, with what is left.
@@ -264,6 +266,34 @@ class Gateway:
                     FailureKind.TIMEOUT, f"{env_name} did not finish within its budget inline"
                 )
         return await self.pool.submit(env_name, spec, sample, budget_s)
+
+    async def _inline(
+        self, env_name: str, spec: Any, sample: Sample, budget_s: float
+    ) -> Score | None:
+        """One guarded inline check (None: it overran). The checks of a large group (or of
+        many calls) are all ready in the same loop iteration and would run back to back:
+        once they have used `pool.inline_budget_s` in one iteration, the rest wait for the
+        next, so the loop polls I/O (and answers /healthz) between bursts."""
+        limit_s = self.config.pool.inline_budget_s
+        deadline = time.monotonic() + budget_s
+        while self._inline_spent_s >= limit_s:
+            await asyncio.sleep(0)
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return None  # waited out its budget: the caller answers TIMEOUT
+        if not self._inline_reset_due:
+            # Runs at the start of the next iteration, after the I/O poll.
+            asyncio.get_running_loop().call_soon(self._reset_inline)
+            self._inline_reset_due = True
+        start = time.monotonic()
+        try:
+            return self.inline.run(env_name, spec, sample, min(limit_s, left_s))
+        finally:
+            self._inline_spent_s += time.monotonic() - start
+
+    def _reset_inline(self) -> None:
+        self._inline_spent_s = 0.0
+        self._inline_reset_due = False
 
     def placement_label(self, env: Environment) -> str:
         """Where `env` ran, for metrics: its placement, or `gateway` for one that overrides
