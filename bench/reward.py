@@ -8,12 +8,20 @@ process (`python -m rlfleet_reward`, default worker count = cores); the load gen
 is this process. `grpc_group` sends the same kind of answers as ScoreGroup calls of 8
 (the trainer's path: one RPC per prompt group). Target: math over gRPC (Score) at
 concurrency 64 >= 1.5x the loop.
+
+Side by side with NeMo-Gym 0.7.0 (rows `*_vs_nemo_gym`, baseline = NeMo-Gym's own
+structured_outputs / math_with_judge server over HTTP, `_nemo_gym_peer.py`), the same
+valid requests at concurrency 64, the peer measured just before ours: structured outputs
+over HTTP (target >= 2x the peer's req/s, p99 <= 50 ms) and over gRPC ScoreGroup (>= 5x),
+math over HTTP (>= 10x). Without $RLFLEET_NEMO_GYM_PYTHON / $RLFLEET_NEMO_GYM_SRC those
+rows are skipped and the reason printed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import random
@@ -35,6 +43,20 @@ from rlfleet_core.client import check_health
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.environments import get_environment
 from rlfleet_reward.types import RowError, Sample
+
+
+def _load_peer_module() -> Any:
+    # `rlfleet bench` loads this file by path, not as a package: load the helper the same way.
+    path = Path(__file__).with_name("_nemo_gym_peer.py")
+    spec = importlib.util.spec_from_file_location("rlfleet_bench_nemo_gym_peer", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+peer = _load_peer_module()
 
 DESCRIPTION = "reward gateway rewards/s (math, structured outputs; gRPC Score/ScoreGroup, HTTP) vs a one-process verify loop"
 CONCURRENCIES = (1, 16, 64)
@@ -195,37 +217,30 @@ async def grpc_group_load(
         return len(items) / (time.perf_counter() - start), latencies
 
 
-async def http_load(url: str, items: list[Item], concurrency: int) -> tuple[float, list[float]]:
+async def http_load(
+    url: str, items: list[Item], concurrency: int, peer_route: bool = False
+) -> tuple[float, list[float]]:
+    """POST each item as a NeMo-Gym verify request: to /{env}/verify here, or to /verify of
+    a NeMo-Gym server (`peer_route`)."""
     latencies: list[float] = []
     queue = list(reversed(items))
     # aiohttp as the load generator (NeMo-Gym's clients use it; httpx's async pool is the
     # bottleneck past ~16 concurrent requests). It sets TCP_NODELAY itself.
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(
-        url, connector=connector, timeout=aiohttp.ClientTimeout(total=60)
+        url, connector=connector, timeout=aiohttp.ClientTimeout(total=120)
     ) as client:
 
         async def worker() -> None:
             while queue:
                 item = queue.pop()
-                body = {
-                    **item.row,
-                    "responses_create_params": {"input": [{"role": "user", "content": "q"}]},
-                    "response": {
-                        "output": [
-                            {
-                                "type": "message",
-                                "content": [{"type": "output_text", "text": item.text}],
-                            }
-                        ]
-                    },
-                }
+                body = peer.verify_body(item.row, item.text)
                 t0 = time.perf_counter()
-                async with client.post(f"/{item.env}/verify", json=body) as reply:
+                route = "/verify" if peer_route else f"/{item.env}/verify"
+                async with client.post(route, json=body) as reply:
                     data = await reply.json()
-                    if reply.status not in (200, 422) or (
-                        reply.status == 200 and data["failure_kind"]
-                    ):
+                    ok = reply.status == 200 and "reward" in data and not data.get("failure_kind")
+                    if not (ok or (reply.status == 422 and not peer_route)):
                         raise RuntimeError(f"unexpected reply {reply.status}: {str(data)[:200]}")
                 latencies.append((time.perf_counter() - t0) * 1e3)
 
@@ -359,12 +374,47 @@ async def _measure(quick: bool, target: str, url: str) -> list[BenchResult]:
     return results
 
 
+async def _versus(quick: bool, target: str, url: str, peers: dict[str, Any]) -> list[BenchResult]:
+    """Ours vs NeMo-Gym's servers at concurrency 64, on the same valid requests; each
+    peer run just before ours, so both see the same machine load."""
+    rng = random.Random(4321)
+    results: list[BenchResult] = []
+    if "structured_outputs" in peers:
+        them = peers["structured_outputs"].url
+        items = peer.valid(structured_items(400 if quick else 2000, rng))
+        await http_load(them, items[:64], 8, peer_route=True)  # warm both: connections,
+        await http_load(url, items[:64], 8)  # the schema's compiled validator
+        await grpc_group_load(target, items[:64], 64)
+        theirs = await http_load(them, items, 64, peer_route=True)
+        ours = await http_load(url, items, 64)
+        results += peer.versus_rows("structured_http_c64", ours, theirs, 2.0, len(items))
+        theirs = await http_load(them, items, 64, peer_route=True)
+        ours = await grpc_group_load(target, items, 64)
+        results += peer.versus_rows("structured_grpc_group_c64", ours, theirs, 5.0, len(items))
+    if "math" in peers:
+        them = peers["math"].url
+        items = peer.valid(math_items(72 if quick else 288, rng))
+        warm = peer.valid(math_items(16, rng))
+        await http_load(them, warm, 8, peer_route=True)
+        await http_load(url, warm, 8)
+        theirs = await http_load(them, items, 64, peer_route=True)
+        ours = await http_load(url, items, 64)
+        results += peer.versus_rows("math_http_c64", ours, theirs, 10.0, len(items))
+    return results
+
+
 def run(quick: bool = False) -> list[BenchResult]:
     with tempfile.TemporaryDirectory() as folder:
+        peers = peer.start_all(Path(folder))
         process, target, url = start_gateway(Path(folder) / "gateway.log")
         try:
-            return asyncio.run(_measure(quick, target, url))
+            results = asyncio.run(_versus(quick, target, url, peers))
+            if os.environ.get("RLFLEET_BENCH_REWARD_VERSUS_ONLY") != "1":
+                results += asyncio.run(_measure(quick, target, url))
+            return results
         finally:
+            for running in peers.values():
+                running.stop()
             process.send_signal(signal.SIGTERM)
             try:
                 process.wait(30)

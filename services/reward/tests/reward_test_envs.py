@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -56,3 +57,40 @@ class BigEnvironment(Environment):
         if sample.text.startswith("slow"):
             time.sleep(float(sample.text.split()[1]))
         return scored({f"part_{i}": 0.0 for i in range(len(sample.text) // 16)})
+
+
+class ProbeEnvironment(Environment):
+    """Placed on the event loop. The response is a command: `raise` (the verifier raises),
+    `spin S` (S seconds of pure-Python CPU, which a signal can interrupt), `sleep S`;
+    the result says which process and thread scored it."""
+
+    name: ClassVar[str] = "probe"
+    placement = "loop"
+    description: ClassVar[str] = "test: runs the command in the response, reports where"
+
+    def parse_row(self, row: Mapping[str, Any]) -> None:
+        return None
+
+    def score(self, spec: None, sample: Sample) -> Score:
+        command, _, arg = sample.text.partition(" ")
+        if command == "raise":
+            raise ValueError("probe failure")
+        if command == "spin":
+            end = time.monotonic() + float(arg)
+            while time.monotonic() < end:
+                pass
+        if command == "sleep":
+            time.sleep(float(arg))
+        return binary("ok", True, pid=os.getpid(), thread=threading.current_thread().name)
+
+
+class ThreadProbeEnvironment(ProbeEnvironment):
+    """The probe under another name, for `placement.thread_probe=thread`."""
+
+    name: ClassVar[str] = "thread_probe"
+
+
+class ProcessProbeEnvironment(ProbeEnvironment):
+    """The probe under another name, for `placement.process_probe=process`."""
+
+    name: ClassVar[str] = "process_probe"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
 from rlfleet_core.server import ServiceConfig
 
 from rlfleet_reward.environments import ENVIRONMENT_NAMES
+from rlfleet_reward.placement import check_placements
 
 
 class PoolConfig(ConfigModel):
@@ -22,6 +23,13 @@ class PoolConfig(ConfigModel):
     """Part of each job's budget kept for the hard stop: the worker's own (signal) timeout
     fires this long before the budget ends, and a worker still silent at the end (stuck
     in C code) is killed and replaced. Budgets under 2x this split in half instead."""
+    threads: int = Field(4, ge=1, le=256)
+    """Threads scoring environments placed in `thread` (`placement`); up to `max_queue`
+    more checks wait for one, beyond that calls get RESOURCE_EXHAUSTED (HTTP 429)."""
+    inline_budget_s: float = Field(0.05, gt=0, le=1.0)
+    """Longest an environment placed on the event loop (`loop`) may hold it per answer:
+    a check still running then is interrupted and scored again in a worker process, so
+    other requests (and /healthz) wait at most this long behind one answer."""
     start_method: str = "forkserver"
     """multiprocessing start method: forkserver (warm, safe beside gRPC threads) or spawn."""
 
@@ -93,6 +101,11 @@ class RewardServiceConfig(ServiceConfig):
     this (queue wait included); a call's own deadline lowers it."""
     env_timeout_s: dict[str, float] = Field(default_factory=lambda: {"code": 60.0})
     """Per-environment budgets that override `timeout_s` (e.g. code runs tests)."""
+    placement: dict[str, str] = Field(default_factory=dict)
+    """Where each environment's check runs, overriding its default (`placement.math=thread`):
+    `loop` (inline on the event loop, guarded by `pool.inline_budget_s`), `thread`
+    (`pool.threads`) or `process` (the worker pool). Defaults and the costs behind them:
+    docs/reward.md."""
     max_stream_in_flight: int = Field(256, ge=1)
     """ScoreStream requests of one stream being scored at once; the stream reads no
     further until one finishes (flow control instead of unbounded buffering)."""
@@ -111,3 +124,8 @@ class RewardServiceConfig(ServiceConfig):
         if not value:
             raise ValueError("must list at least one environment")
         return value
+
+    @model_validator(mode="after")
+    def _known_placements(self) -> RewardServiceConfig:
+        check_placements(self.placement, [*self.environments, *self.extra_environments])
+        return self

@@ -5,6 +5,9 @@ they build a row dict and `Sample`s, call `score` / `score_group`, and map the e
 raised here — `InvalidArgument` (bad request, naming the field) and `Overloaded` — to
 their status codes. Anything that goes wrong *while* scoring comes back as a `Score`
 with a failure kind and reason, never as an exception and never as a silent 0.
+
+Each environment's `score` runs where its placement says (placement.py): inline on this
+event loop, in a thread, or in the worker pool.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from rlfleet_core.errors import InvalidArgument
 from rlfleet_reward import metrics
 from rlfleet_reward.config import RewardServiceConfig
 from rlfleet_reward.environments import ENVIRONMENT_NAMES, get_environment, register_environment
-from rlfleet_reward.environments.base import Environment
+from rlfleet_reward.environments.base import Environment, Placement
 from rlfleet_reward.limits import JsonCheck, check_size, check_text, clip, loads
+from rlfleet_reward.placement import InlineRunner, ThreadRunner, resolve
 from rlfleet_reward.pool import VerifierPool
 from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxClient
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
@@ -54,6 +58,9 @@ class _Context:
 
     async def run_in_pool(self, env: str, spec: Any, sample: Sample) -> Score:
         return await self.gateway.pool.submit(env, spec, sample, self.timeout_s)
+
+    async def verify(self, env: str, spec: Any, sample: Sample) -> Score:
+        return await self.gateway.verify(env, spec, sample, self.timeout_s)
 
     async def run_env(self, env: str, spec: Any, sample: Sample) -> Score:
         if env not in self.gateway.enabled:
@@ -92,6 +99,17 @@ class Gateway:
                 memory_bytes=config.sandbox.memory_bytes,
             )
         self.sandbox = sandbox
+        self.placements: dict[str, Placement] = {
+            name: resolve(name, get_environment(name).placement, config.placement)
+            for name in self.enabled
+        }
+        self.inline = InlineRunner()
+        if not self.inline.available and "loop" in self.placements.values():
+            logger.warning("event loop is not on the main thread: loop placement runs in process")
+        self.threads = ThreadRunner(config.pool.threads, config.pool.max_queue)
+        # Inline time spent since the loop last polled for I/O (see `_inline`).
+        self._inline_spent_s = 0.0
+        self._inline_reset_due = False
 
     async def start(self) -> None:
         # Environments' own warm-up (reasoning-gym's task list) runs beside the pool's.
@@ -99,6 +117,7 @@ class Gateway:
         await asyncio.gather(self.pool.start(), warm)
 
     async def stop(self) -> None:
+        self.threads.stop()
         await self.pool.stop()
         if self.sandbox is not None:
             await self.sandbox.close()
@@ -216,9 +235,73 @@ class Gateway:
     ) -> list[Score]:
         """Score a prompt's group of responses concurrently; results in the same order."""
         env, spec = self.prepare(env_name, row, samples)
-        self.pool.reserve(len(samples))
+        self.reserve(env_name, len(samples))
         budget = self.budget_s(env_name, deadline_s)
         return list(await asyncio.gather(*(self._run(env, spec, s, budget) for s in samples)))
+
+    def reserve(self, env_name: str, n: int) -> None:
+        """Overloaded unless `n` more checks of `env_name` fit where it runs (a group is all
+        or nothing). Inline checks need no room: they finish before the loop reads on."""
+        where = self.placements.get(env_name, "process")
+        if where == "thread":
+            self.threads.reserve(n)
+        elif where == "process" or not self.inline.usable():
+            self.pool.reserve(n)
+
+    async def verify(self, env_name: str, spec: Any, sample: Sample, budget_s: float) -> Score:
+        """`score` of `env_name` where it is placed, within `budget_s`."""
+        where = self.placements.get(env_name, "process")
+        if where == "thread":
+            return await self.threads.submit(env_name, spec, sample, budget_s)
+        if where == "loop" and self.inline.usable():
+            start = time.monotonic()
+            result = await self._inline(env_name, spec, sample, budget_s)
+            if result is not None:
+                return result
+            # Overran its guard: score again where it can be killed, with what is left.
+            metrics.INLINE_OVERRUNS.labels(env_name).inc()
+            budget_s -= time.monotonic() - start
+            if budget_s <= 0:
+                return failure(
+                    FailureKind.TIMEOUT, f"{env_name} did not finish within its budget inline"
+                )
+        return await self.pool.submit(env_name, spec, sample, budget_s)
+
+    async def _inline(
+        self, env_name: str, spec: Any, sample: Sample, budget_s: float
+    ) -> Score | None:
+        """One guarded inline check (None: it overran). The checks of a large group (or of
+        many calls) are all ready in the same loop iteration and would run back to back:
+        once they have used `pool.inline_budget_s` in one iteration, the rest wait for the
+        next, so the loop polls I/O (and answers /healthz) between bursts."""
+        limit_s = self.config.pool.inline_budget_s
+        deadline = time.monotonic() + budget_s
+        while self._inline_spent_s >= limit_s:
+            await asyncio.sleep(0)
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return None  # waited out its budget: the caller answers TIMEOUT
+        if not self._inline_reset_due:
+            # Runs at the start of the next iteration, after the I/O poll.
+            asyncio.get_running_loop().call_soon(self._reset_inline)
+            self._inline_reset_due = True
+        start = time.monotonic()
+        try:
+            return self.inline.run(env_name, spec, sample, min(limit_s, left_s))
+        finally:
+            self._inline_spent_s += time.monotonic() - start
+
+    def _reset_inline(self) -> None:
+        self._inline_spent_s = 0.0
+        self._inline_reset_due = False
+
+    def placement_label(self, env: Environment) -> str:
+        """Where `env` ran, for metrics: its placement, or `gateway` for one that overrides
+        `run` (the code env's sandbox calls, wrappers)."""
+        if type(env).run is not Environment.run:
+            return "gateway"
+        where = self.placements.get(env.name, "process")
+        return where if where != "loop" or self.inline.usable() else "process"
 
     async def _run(self, env: Environment, spec: Any, sample: Sample, budget_s: float) -> Score:
         start = time.perf_counter()
@@ -237,7 +320,7 @@ class Gateway:
         elapsed = time.perf_counter() - start
         outcome = result.failure_kind.name.lower() if result.failed else "scored"
         metrics.RESULTS.labels(env.name, outcome).inc()
-        metrics.VERIFY_SECONDS.labels(env.name).observe(elapsed)
+        metrics.VERIFY_SECONDS.labels(env.name, self.placement_label(env)).observe(elapsed)
         if not result.failed:
             metrics.REWARD.labels(env.name).observe(result.reward)
         result.latency_s = elapsed

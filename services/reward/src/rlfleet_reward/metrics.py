@@ -20,9 +20,16 @@ REWARD = Histogram(
 )
 VERIFY_SECONDS = Histogram(
     "rlfleet_reward_verify_seconds",
-    "Time from request to verdict for one response, by environment.",
-    ["env"],
+    "Time from request to verdict for one response, by environment and placement.",
+    ["env", "placement"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+INLINE_OVERRUNS = Counter(
+    "rlfleet_reward_inline_overruns",
+    "Inline (loop-placed) checks that ran past pool.inline_budget_s and were re-scored in "
+    "a worker process, by environment.",
+    ["env"],
     registry=REGISTRY,
 )
 REJECTED = Counter(

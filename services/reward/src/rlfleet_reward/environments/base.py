@@ -4,18 +4,24 @@ An environment has two halves that run in different places:
 - `parse_row` runs in the gateway process on every request. It checks the row's fields
   and returns a small picklable spec, so a malformed row is refused with INVALID_ARGUMENT
   before it costs a worker any time.
-- `score` runs in a verifier worker process (CPU work, killable on timeout). Environments
-  whose work is I/O (the `code` env waits on the sandbox) or that wrap another
-  environment (`low_effort`) override `run` instead and stay in the gateway's event loop.
+- `score` runs where the environment's `placement` says (config `placement.<env>` overrides
+  it; rlfleet_reward/placement.py): `process`, a verifier worker (CPU work, killable on
+  timeout); `thread`, a bounded thread pool; `loop`, inline on the gateway's event loop
+  under a wall-clock guard, for sub-millisecond checks. Environments whose work is I/O
+  (the `code` env waits on the sandbox) or that wrap another environment (`low_effort`)
+  override `run` instead and stay in the gateway's event loop.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from rlfleet_reward.types import RowError, Sample, Score
+
+Placement = Literal["loop", "thread", "process"]
+PLACEMENTS: tuple[str, ...] = ("loop", "thread", "process")
 
 
 class RunContext(Protocol):
@@ -26,6 +32,9 @@ class RunContext(Protocol):
 
     async def run_in_pool(self, env: str, spec: Any, sample: Sample) -> Score:
         """Score `sample` with environment `env`'s `score` in a worker process."""
+
+    async def verify(self, env: str, spec: Any, sample: Sample) -> Score:
+        """Score with environment `env`'s `score` where its placement says."""
 
     async def run_env(self, env: str, spec: Any, sample: Sample) -> Score:
         """Score with another environment, wherever it runs (for wrappers)."""
@@ -48,6 +57,10 @@ class Environment:
     preload_modules: ClassVar[tuple[str, ...]] = ()
     """Heavy libraries `score` imports; the pool imports them once in its forkserver so
     that every worker (and every replacement of a killed one) starts warm."""
+    placement: ClassVar[Placement] = "process"
+    """Where `score` runs unless config `placement.<env>` says otherwise: `loop` (inline,
+    sub-ms checks whose C calls are bounded), `thread`, or `process` (anything unbounded).
+    Chosen from the measured cost per answer (docs/reward.md)."""
 
     def warm(self) -> None:
         """Load what `parse_row` needs before the first request (called at service start)."""
@@ -56,11 +69,11 @@ class Environment:
         raise NotImplementedError
 
     def score(self, spec: Any, sample: Sample) -> Score:
-        """CPU-bound scoring, called inside a worker process."""
+        """The check itself, called where `placement` says (a worker, a thread or the loop)."""
         raise NotImplementedError(f"{self.name} scores in the gateway, not in a worker")
 
     async def run(self, spec: Any, sample: Sample, ctx: RunContext) -> Score:
-        return await ctx.run_in_pool(self.name, spec, sample)
+        return await ctx.verify(self.name, spec, sample)
 
 
 # --- row field helpers: each raises RowError naming the field ---------------------------

@@ -75,6 +75,7 @@ def parse_instructions(
 
 class InstructionFollowingEnvironment(Environment):
     name: ClassVar[str] = "instruction_following"
+    placement = "loop"  # cost per answer: docs/reward.md
     description: ClassVar[str] = (
         "IFEval/IFBench-style verifiable instructions (length, keywords, format, case, JSON, sections, ...)."
     )

@@ -117,6 +117,7 @@ def _parse_expected(row: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
 
 class LongContextEnvironment(Environment):
     name: ClassVar[str] = "long_context"
+    placement = "loop"  # cost per answer: docs/reward.md
     description: ClassVar[str] = (
         "Long synthetic documents (needles, aggregation, multi-hop): the final answer must "
         "equal the row's expected answer after normalisation."

@@ -165,6 +165,7 @@ def nemo_gym_score(expected: str, text: str) -> Score:
 
 class MathEnvironment(Environment):
     name: ClassVar[str] = "math"
+    placement = "process"  # cost per answer: docs/reward.md
     description: ClassVar[str] = (
         "Math answers (the last \\boxed{}, or a bare answer with extraction: lenient) checked "
         "for equivalence with math-verify, as NeMo-Gym's math_with_judge server does."

@@ -143,6 +143,7 @@ def extract_letter(text: str, spec: McqaSpec) -> tuple[str | None, str]:
 
 class McqaEnvironment(Environment):
     name: ClassVar[str] = "mcqa"
+    placement = "loop"  # cost per answer: docs/reward.md
     description: ClassVar[str] = (
         "Multiple-choice questions: the chosen letter must equal expected_answer."
     )

@@ -63,6 +63,7 @@ def extract_answer(text: str, balanced_boxed: bool = False) -> str:
 
 class ReasoningGymEnvironment(Environment):
     name: ClassVar[str] = "reasoning_gym"
+    placement = "process"  # cost per answer: docs/reward.md
     description: ClassVar[str] = "Any reasoning-gym task by name, scored by its own scorer."
     required_fields: ClassVar[tuple[str, ...]] = ("answer", "metadata")
     optional_fields: ClassVar[tuple[str, ...]] = ("question", "task", "entry", "answer_extraction")

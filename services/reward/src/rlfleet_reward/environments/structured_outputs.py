@@ -170,6 +170,7 @@ def _short(instance: Any) -> str:
 
 class StructuredOutputsEnvironment(Environment):
     name: ClassVar[str] = "structured_outputs"
+    placement = "loop"  # cost per answer: docs/reward.md
     description: ClassVar[str] = (
         "JSON/YAML/XML/TOML/CSV output validated against the row's JSON schema, as NeMo-Gym's "
         "structured_outputs server does."

@@ -104,6 +104,7 @@ def values_match(expected: Any, got: Any, normalized: bool) -> bool:
 
 class ToolUseEnvironment(Environment):
     name: ClassVar[str] = "tool_use"
+    placement = "loop"  # cost per answer: docs/reward.md
     description: ClassVar[str] = (
         "Single-step tool call: function name and arguments compared with the expected call."
     )
