@@ -411,3 +411,15 @@ def test_verifier_metadata_layout_and_exact_fraction() -> None:
     }
     score = env.score(env.parse_row(row), Sample(text="a, b"))
     assert score.reward == 3 / 5  # not 0.2 + 0.2 + 0.2 = 0.6000000000000001
+
+
+def test_warm_loads_every_language_profile_before_the_first_request() -> None:
+    """On the loop, a first langdetect call that loads the profiles overruns the inline guard
+    and is interrupted; the factory it leaves behind must not be a partial one."""
+    import langdetect.detector_factory as factory_module
+    from rlfleet_reward.environments import get_environment
+
+    factory_module._factory = None
+    get_environment("instruction_following").warm()
+    factory = factory_module._factory
+    assert factory is not None and len(factory.get_lang_list()) == 55

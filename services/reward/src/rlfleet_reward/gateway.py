@@ -13,6 +13,7 @@ event loop, in a thread, or in the worker pool.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -113,8 +114,17 @@ class Gateway:
 
     async def start(self) -> None:
         # Environments' own warm-up (reasoning-gym's task list) runs beside the pool's.
-        warm = asyncio.gather(*(asyncio.to_thread(get_environment(n).warm) for n in self.enabled))
+        warm = asyncio.gather(*(asyncio.to_thread(self._warm, n) for n in self.enabled))
         await asyncio.gather(self.pool.start(), warm)
+
+    def _warm(self, name: str) -> None:
+        env = get_environment(name)
+        if self.placements[name] != "process":
+            # Scored in this process: import what `score` needs now, not under the inline
+            # guard, which may interrupt a first import midway (see Environment.warm).
+            for module in env.preload_modules:
+                importlib.import_module(module)
+        env.warm()
 
     async def stop(self) -> None:
         self.threads.stop()

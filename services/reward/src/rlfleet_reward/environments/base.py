@@ -63,7 +63,10 @@ class Environment:
     Chosen from the measured cost per answer (docs/reward.md)."""
 
     def warm(self) -> None:
-        """Load what `parse_row` needs before the first request (called at service start)."""
+        """Load what `parse_row` needs before the first request (called at service start),
+        and, for an environment that may run on the loop, whatever `score` initialises
+        lazily: the inline guard can interrupt a first call midway, and a library left
+        half-initialised stays so for the life of the process."""
 
     def parse_row(self, row: Mapping[str, Any]) -> Any:
         raise NotImplementedError

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import Environment, choice, require
-from rlfleet_reward.environments.if_checkers import CHECKERS
+from rlfleet_reward.environments.if_checkers import CHECKERS, detect_language
 from rlfleet_reward.types import RowError, Sample, Score
 
 
@@ -81,6 +81,14 @@ class InstructionFollowingEnvironment(Environment):
     )
     required_fields: ClassVar[tuple[str, ...]] = ("instruction_id_list",)
     optional_fields: ClassVar[tuple[str, ...]] = ("kwargs", "grading_mode", "prompt")
+
+    def warm(self) -> None:
+        # langdetect loads its 55 language profiles on first use (~1 s) and publishes the
+        # factory before they are all loaded. On the loop, that first call would overrun the
+        # inline guard and be interrupted midway, leaving a factory that knows a few
+        # languages for the life of the process (short English texts then read as English
+        # far more often than NeMo-Gym's, seen in the parity test). Load them up front.
+        detect_language("The quick brown fox jumps over the lazy dog.")
 
     def parse_row(self, row: Mapping[str, Any]) -> IfSpec:
         meta = row.get("verifier_metadata")
