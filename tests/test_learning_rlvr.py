@@ -91,7 +91,8 @@ def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
     pairs = zip(per_prompt_means["before"], per_prompt_means["after"], strict=True)
     gains = [a - b for b, a in pairs]
     t = statistics.mean(gains) / (statistics.stdev(gains) / len(gains) ** 0.5)
-    _record_run(before=before, after=after, t=t, steps=stage["steps"])
+    by_env = _per_env_gains(stage_dir)
+    _record_run(before=before, after=after, t=t, steps=stage["steps"], by_env=by_env)
     assert after >= before + 0.1 and t >= 2.0, (stage, f"paired t = {t:.2f}")
     rewards = [
         json.loads(line)["reward/mean"]
@@ -101,10 +102,34 @@ def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
     assert len(rewards) == stage["steps"] == recipe["grpo"]["max_num_steps"]
 
 
-def _record_run(*, before: float, after: float, t: float, steps: int) -> None:
+def _per_env_gains(stage_dir: Path) -> dict[str, dict[str, float]]:
+    """Held-out reward per environment before and after, from the samples files."""
+    out: dict[str, dict[str, float]] = {}
+    for label in ("before", "after"):
+        rewards: dict[str, list[float]] = {}
+        for line in (stage_dir / f"heldout_{label}.jsonl").read_text().splitlines():
+            sample = json.loads(line)
+            rewards.setdefault(sample["env"], []).append(sample["reward"])
+        for env, values in rewards.items():
+            out.setdefault(env, {})[label] = statistics.fmean(values)
+            out[env]["prompts"] = len(values) / SAMPLES
+    return out
+
+
+def _record_run(
+    *, before: float, after: float, t: float, steps: int, by_env: dict[str, dict[str, float]]
+) -> None:
     """Print the run's figures (shown with -s or on failure) and append them to $LOG_ENV."""
-    line = {"before": before, "after": after, "gain": after - before, "t": t, "steps": steps}
+    line = {
+        "before": before,
+        "after": after,
+        "gain": after - before,
+        "t": t,
+        "steps": steps,
+        "by_env": by_env,
+    }
     print(f"held-out reward {before:.3f} -> {after:.3f} (gain {after - before:+.3f}, t = {t:.2f})")
+    print(f"per environment: {by_env}")
     if log := os.environ.get(LOG_ENV):
         with open(log, "a") as out:
             out.write(json.dumps(line) + "\n")

@@ -7,6 +7,9 @@ plus the environment's verification fields (passed to the reward gateway untouch
 Order: epoch e visits the rows in the permutation seeded by (seed, e); the cursor is the
 count of prompts issued so far, so prompt k is row perm_e[k mod n] of epoch e = k div n,
 with id `<row id>@<e>`. A checkpoint stores only the cursor: resuming re-derives the order.
+With `data.interleave_envs` and more than one environment, `mixing.EnvSchedule` orders the
+stream instead (every batch holds the blend's environments in proportion), and the id
+counts the passes over the row's environment.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import env_of, prompt_messages, read_blend
+
+from rlfleet_trainer.mixing import EnvSchedule
 
 
 @dataclass(frozen=True)
@@ -55,10 +60,15 @@ class PromptSource:
 
     @classmethod
     def from_recipe(
-        cls, recipe: RecipeConfig, rows: Sequence[dict[str, Any]], tokenizer: Any, shuffle: bool
+        cls,
+        recipe: RecipeConfig,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        shuffle: bool,
+        weighted: bool = True,
     ) -> PromptSource:
         """`shuffle` is the caller's: training rows follow `data.shuffle`, held-out rows
-        keep their order."""
+        keep their order; held-out rows are interleaved but not re-weighted (`weighted`)."""
         data = recipe.data
         max_prompt = data.max_prompt_tokens or (
             recipe.policy.max_total_sequence_length - recipe.generation.max_new_tokens
@@ -70,6 +80,8 @@ class PromptSource:
             shuffle=shuffle,
             default_env=data.default_env,
             max_prompt_tokens=max_prompt,
+            interleave_envs=data.interleave_envs,
+            env_weights=data.env_weights if weighted else None,
         )
 
     def __init__(
@@ -81,6 +93,8 @@ class PromptSource:
         shuffle: bool = True,
         default_env: str = "math",
         max_prompt_tokens: int | None = None,
+        interleave_envs: bool = False,
+        env_weights: dict[str, float] | None = None,
     ) -> None:
         if not rows:
             raise ValueError("no prompt rows: the data set is empty")
@@ -92,6 +106,12 @@ class PromptSource:
         self.max_prompt_tokens = max_prompt_tokens
         self.cursor = 0
         self._orders: dict[int, list[int]] = {}
+        envs = [row_env(row, default_env) for row in self.rows]
+        self.schedule: EnvSchedule | None = None
+        if env_weights and not interleave_envs:
+            raise ValueError("data.env_weights needs data.interleave_envs=true")
+        if interleave_envs and (len(set(envs)) > 1 or env_weights):
+            self.schedule = EnvSchedule(envs, seed=seed, shuffle=shuffle, weights=env_weights)
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
@@ -101,9 +121,15 @@ class PromptSource:
             self._orders = {epoch: order}
         return self._orders[epoch]
 
-    def prompt_at(self, index: int) -> Prompt:
+    def _locate(self, index: int) -> tuple[int, int]:
+        """(row index, pass) of the index-th prompt; the pass goes into its id."""
+        if self.schedule is not None:
+            return self.schedule.locate(index)
         epoch, position = divmod(index, len(self.rows))
-        row_index = self._order(epoch)[position]
+        return self._order(epoch)[position], epoch
+
+    def prompt_at(self, index: int) -> Prompt:
+        row_index, epoch = self._locate(index)
         row = self.rows[row_index]
         row_id = str(row.get("id", row_index))
         token_ids = self.tokenizer.apply_chat_template(
@@ -132,6 +158,5 @@ class PromptSource:
         return [self._id_at(i) for i in range(self.cursor)]
 
     def _id_at(self, index: int) -> str:
-        epoch, position = divmod(index, len(self.rows))
-        row_index = self._order(epoch)[position]
+        row_index, epoch = self._locate(index)
         return f"{self.rows[row_index].get('id', row_index)}@{epoch}"

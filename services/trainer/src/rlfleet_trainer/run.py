@@ -67,7 +67,7 @@ def build_context(
         recipe=recipe,
         backend=build_backend(recipe, model_path),
         source=PromptSource.from_recipe(recipe, rows, tokenizer, recipe.data.shuffle),
-        val_source=PromptSource.from_recipe(recipe, val_rows, tokenizer, False)
+        val_source=PromptSource.from_recipe(recipe, val_rows, tokenizer, False, weighted=False)
         if val_rows
         else None,
         rollout=RolloutClient(

@@ -12,6 +12,8 @@ import json
 import random
 from pathlib import Path
 
+from rlfleet_contracts.rows import LENIENT_EXTRACTION, MATH_EXTRACTION_FIELD
+
 HERE = Path(__file__).resolve().parent
 
 # Easy, learnable-by-a-small-model reasoning-gym settings for the tiny pipeline.
@@ -30,6 +32,7 @@ ADDITION: dict[str, object] = {
     "allow_parentheses": False,
 }
 MINUS_TIMES: dict[str, object] = {**ADDITION, "operators": ["-", "*"]}
+MIXED_OPS: dict[str, object] = {**ADDITION, "operators": ["+", "-", "*"]}
 BRIEF = " Reply with only the answer."
 # A short system message: SmolLM2's chat template otherwise adds a 20-token default one,
 # and prompt tokens are most of what a CPU step trains on.
@@ -59,9 +62,9 @@ QUESTIONS = (
 INSTRUCTIONS = " Answer in all lowercase letters, without commas, in fewer than 12 words."
 
 
-def instruction_following(n: int) -> list[dict[str, object]]:
+def instruction_following(n: int, start: int = 0) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
-    for i in range(n):
+    for i in range(start, start + n):
         topic, question = TOPICS[i % len(TOPICS)], QUESTIONS[i // len(TOPICS) % len(QUESTIONS)]
         prompt = question.format(topic) + INSTRUCTIONS
         rows.append(
@@ -105,9 +108,46 @@ def reasoning_gym(
         **({"suffix": suffix} if suffix else {}),
         **({"system": system} if system else {}),
     }
+    # The tiny prompts ask for a bare answer, not \\boxed{}: opt into lenient extraction.
+    extra = {MATH_EXTRACTION_FIELD: LENIENT_EXTRACTION} if score_with == "math" else {}
     return [
-        {"_placeholder": {**spec, "index": i}, "agent_ref": {"name": score_with}} for i in range(n)
+        {"_placeholder": {**spec, "index": i}, "agent_ref": {"name": score_with}, **extra}
+        for i in range(n)
     ]
+
+
+LETTER_ONLY = " Reply with only the letter."
+
+
+def mcqa_extremes(n: int, seed: int) -> list[dict[str, object]]:
+    """Multiple choice over four two-digit numbers: which is the largest (or smallest)?
+    Scored by the `mcqa` environment; a lone letter (or "Answer: X") counts."""
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        numbers = rng.sample(range(10, 100), 4)
+        pick, which = (max, "largest") if i % 2 == 0 else (min, "smallest")
+        letters = "ABCD"
+        answer = letters[numbers.index(pick(numbers))]
+        listed = "\n".join(f"{letter}) {x}" for letter, x in zip(letters, numbers, strict=True))
+        question = f"Which number is the {which}?\n{listed}\n{LETTER_ONLY.strip()}"
+        rows.append(
+            {
+                "id": f"tiny-mcqa-{seed}-{i}",
+                "agent_ref": {"name": "mcqa"},
+                "responses_create_params": {
+                    "input": [
+                        {"role": "system", "content": TERSE},
+                        {"role": "user", "content": question},
+                    ]
+                },
+                "question": question,
+                "options": [{letter: str(x)} for letter, x in zip(letters, numbers, strict=True)],
+                "expected_answer": answer,
+                "grading_mode": "lenient",
+            }
+        )
+    return rows
 
 
 def indexed(source: str, env: str, indices: range) -> list[dict[str, object]]:
@@ -118,11 +158,26 @@ def indexed(source: str, env: str, indices: range) -> list[dict[str, object]]:
 
 
 BLENDS: dict[str, list[dict[str, object]]] = {
-    # The tiny pipeline (`rlfleet run`): one blend per RLVR stage, each learnable by
-    # SmolLM2-135M on 2 CPU cores in a few minutes.
-    "tiny-rlvr1": reasoning_gym("basic_arithmetic", 300, 11, ADDITION, "math", BRIEF, TERSE),
-    "tiny-rlvr2": reasoning_gym("basic_arithmetic", 300, 12, MINUS_TIMES, "math", BRIEF, TERSE),
-    "tiny-rlvr3": instruction_following(300),
+    # The tiny pipeline (`rlfleet run`): one blend per RLVR stage, each a mix of three
+    # environments trained in every batch (like the Super stages' mixed blends), learnable
+    # by SmolLM2-135M on 2 CPU cores in a few minutes: bare-answer arithmetic (`math`,
+    # lenient extraction), pick-the-extreme multiple choice (`mcqa`) and open questions
+    # under verifiable instructions (`instruction_following`).
+    "tiny-rlvr1": [
+        *reasoning_gym("basic_arithmetic", 100, 11, ADDITION, "math", BRIEF, TERSE),
+        *mcqa_extremes(100, seed=21),
+        *instruction_following(100),
+    ],
+    "tiny-rlvr2": [
+        *reasoning_gym("basic_arithmetic", 100, 12, MINUS_TIMES, "math", BRIEF, TERSE),
+        *mcqa_extremes(100, seed=22),
+        *instruction_following(100, start=100),
+    ],
+    "tiny-rlvr3": [
+        *instruction_following(100, start=200),
+        *reasoning_gym("basic_arithmetic", 100, 13, MIXED_OPS, "math", BRIEF, TERSE),
+        *mcqa_extremes(100, seed=23),
+    ],
     "tiny-mix": [
         *reasoning_gym("basic_arithmetic", 150, seed=1, config=EASY_ARITHMETIC),
         *reasoning_gym("leg_counting", 50, seed=2),

@@ -6,6 +6,7 @@ from rlfleet_trainer.algorithms.advantages import (
     REWARD_TIE,
     compute_baseline_and_std,
     compute_grpo_advantages,
+    normalize_advantages_per_env,
     zero_variance_groups,
 )
 from rlfleet_trainer.algorithms.filtering import (
@@ -38,6 +39,7 @@ __all__ = [
     "clipped_surrogate",
     "compute_baseline_and_std",
     "compute_grpo_advantages",
+    "normalize_advantages_per_env",
     "compute_importance_weights",
     "compute_kl",
     "compute_policy_loss",
