@@ -63,7 +63,9 @@ def build(server: str) -> tuple[Any, Any]:
     config = getattr(module, config_cls)(
         host="127.0.0.1", port=0, entrypoint="", name=server, **extra
     )
-    instance = getattr(module, server_cls)(config=config, server_client=MagicMock(spec=ServerClient))
+    instance = getattr(module, server_cls)(
+        config=config, server_client=MagicMock(spec=ServerClient)
+    )
     return instance, getattr(module, request_cls)
 
 

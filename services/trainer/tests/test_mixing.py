@@ -118,7 +118,7 @@ def test_a_weight_of_zero_leaves_an_environment_out() -> None:
 
 
 def test_env_weights_need_interleaving() -> None:
-    with pytest.raises(ValueError, match="needs data.interleave_envs"):
+    with pytest.raises(ValueError, match=r"needs data\.interleave_envs"):
         PromptSource(_rows({"a": 2}), _Tokenizer(), seed=0, env_weights={"a": 1})
 
 
@@ -160,7 +160,9 @@ def test_env_metrics_use_nemo_rl_names_and_numbers() -> None:
     assert m["math/reward/mean"] == pytest.approx(0.75)
     assert m["math/reward/min"] == 0.0 and m["math/reward/max"] == 1.0
     assert m["math/reward/median"] == 1.0
-    assert m["math/reward/stddev"] == pytest.approx(math.sqrt(1.5 / 7))  # Σ(r − 0.75)² = 1.5, n − 1 = 7
+    assert m["math/reward/stddev"] == pytest.approx(
+        math.sqrt(1.5 / 7)
+    )  # Σ(r − 0.75)² = 1.5, n − 1 = 7
     assert m["math/accuracy"] == pytest.approx(0.75)
     assert m["math/gen_tokens_per_sample/mean"] == pytest.approx(3.0)
     assert m["math/truncation_rate"] == pytest.approx(0.5)
@@ -197,7 +199,10 @@ def test_prepare_step_normalises_per_env_only_when_asked() -> None:
     on = prepare_step(groups, on_recipe, 0, 0).batch
     assert off is not None and on is not None
     # Off: instruction following's advantages are a fifth of math's; on: the same scale.
-    off_math, off_if = float(off.advantages_N[:4].abs().max()), float(off.advantages_N[4:].abs().max())
+    off_math, off_if = (
+        float(off.advantages_N[:4].abs().max()),
+        float(off.advantages_N[4:].abs().max()),
+    )
     on_math, on_if = float(on.advantages_N[:4].abs().max()), float(on.advantages_N[4:].abs().max())
     assert off_if == pytest.approx(off_math / 5, rel=1e-4)
     assert on_if == pytest.approx(on_math, rel=1e-4)
