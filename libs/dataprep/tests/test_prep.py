@@ -132,3 +132,28 @@ def test_bundled_blend_is_listed_and_cli_reports_errors(tmp_path: Path) -> None:
         and "tiny-mix" in result.stderr
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("blend", ["tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3"])
+def test_tiny_stage_blends_mix_environments(tmp_path: Path, blend: str) -> None:
+    """Each tiny RLVR stage trains on three environments; its bare-answer math rows opt
+    into the math environment's lenient extraction (it is strict by default)."""
+    from rlfleet_contracts.rows import LENIENT_EXTRACTION, MATH_EXTRACTION_FIELD, env_of
+
+    manifest = prepare_rl(blend, PrepOptions(out=tmp_path))
+    rows = [
+        json.loads(line)
+        for split in ("train", "val")
+        for line in (tmp_path / blend / split / "data.jsonl").read_text().splitlines()
+    ]
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[env_of(row)] = counts.get(env_of(row), 0) + 1
+    assert counts == {"math": 100, "structured_outputs": 100, "instruction_following": 100}, (
+        manifest
+    )
+    math_rows = [r for r in rows if env_of(r) == "math"]
+    assert all(r[MATH_EXTRACTION_FIELD] == LENIENT_EXTRACTION for r in math_rows)
+    assert all("only the answer" in r["question"] for r in math_rows)
+    val_envs = json.loads((tmp_path / blend / "manifest.json").read_text())["splits"]["val"]
+    assert len(val_envs["env_mix"]) == 3  # the held-out rows cover every environment
