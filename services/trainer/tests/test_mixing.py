@@ -206,3 +206,26 @@ def test_prepare_step_normalises_per_env_only_when_asked() -> None:
     on_math, on_if = float(on.advantages_N[:4].abs().max()), float(on.advantages_N[4:].abs().max())
     assert off_if == pytest.approx(off_math / 5, rel=1e-4)
     assert on_if == pytest.approx(on_math, rel=1e-4)
+
+
+def test_held_out_details_per_environment() -> None:
+    from rlfleet_trainer.validation import _PromptResult, _summarise
+
+    results = [
+        _PromptResult("math", 1.0, 0, accuracy=1.0, gen_tokens=4),
+        _PromptResult("math", 0.5, 0, accuracy=0.5, gen_tokens=6),
+        _PromptResult("if", 0.25, 0, accuracy=0.0, gen_tokens=10),
+        _PromptResult("if", None, 2),  # failed: left out
+    ]
+    v = _summarise(results, fraction=0.5, tag="val")
+    assert v.rewards == {"reward": pytest.approx(1.75 / 3), "reward/if": 0.25, "reward/math": 0.75}
+    assert v.details == {
+        "accuracy": pytest.approx(0.5),
+        "if/accuracy": 0.0,
+        "if/gen_tokens_per_sample/mean": 10.0,
+        "if/num_prompts": 1.0,
+        "math/accuracy": 0.75,
+        "math/gen_tokens_per_sample/mean": 5.0,
+        "math/num_prompts": 2.0,
+    }
+    assert v.metrics["math/accuracy"] == 0.75 and v.metrics["failed_prompts"] == 1.0
