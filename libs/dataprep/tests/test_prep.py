@@ -167,18 +167,6 @@ def test_bundled_blend_is_listed_and_cli_reports_errors(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("name", ["tiny-rlvr1", "tiny-rlvr2"])
-def test_tiny_math_stages_opt_in_to_lenient_extraction(tmp_path: Path, name: str) -> None:
-    """Their prompts ask for a bare answer; the math env's default (NeMo-Gym's rule) wants
-    a \\boxed{} one, which SmolLM2 never writes: without the opt-in every reward is 0."""
-    out, _ = prepare_rl(str(bundled_blends()[name]), PrepOptions(out=tmp_path / "d", val_rows=8))
-    rows = read(out / "train" / "data.jsonl") + read(out / "val" / "data.jsonl")
-    assert len(rows) == 300
-    assert all(r["agent_ref"] == {"name": "math"} for r in rows)
-    assert all(r["extraction"] == "lenient" for r in rows)
-    assert all("Reply with only the answer." in r["question"] for r in rows)
-
-
 def test_every_bad_row_is_reported_against_its_environment(tmp_path: Path) -> None:
     """The reward service's own row check (found through the rlfleet.services entry point,
     run in this process) judges each row; every bad one is listed by file:line, up to
@@ -237,3 +225,28 @@ def test_bundled_mixed_blend_passes_the_row_check(tmp_path: Path) -> None:
     mix = manifest.splits["train"]["env_mix"]
     assert sum(manifest.splits[s]["rows"] for s in ("train", "val")) == 300
     assert set(mix) == {"code", "instruction_following", "reasoning_gym"}
+
+
+@pytest.mark.parametrize("blend", ["tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3"])
+def test_tiny_stage_blends_mix_environments(tmp_path: Path, blend: str) -> None:
+    """Each tiny RLVR stage trains on three environments; its bare-answer math rows opt
+    into the math environment's lenient extraction (it is strict by default)."""
+    from rlfleet_contracts.rows import LENIENT_EXTRACTION, MATH_EXTRACTION_FIELD, env_of
+
+    manifest = prepare_rl(blend, PrepOptions(out=tmp_path))
+    rows = [
+        json.loads(line)
+        for split in ("train", "val")
+        for line in (tmp_path / blend / split / "data.jsonl").read_text().splitlines()
+    ]
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[env_of(row)] = counts.get(env_of(row), 0) + 1
+    assert counts == {"math": 100, "structured_outputs": 100, "instruction_following": 100}, (
+        manifest
+    )
+    math_rows = [r for r in rows if env_of(r) == "math"]
+    assert all(r[MATH_EXTRACTION_FIELD] == LENIENT_EXTRACTION for r in math_rows)
+    assert all("only the answer" in r["question"] for r in math_rows)
+    val_envs = json.loads((tmp_path / blend / "manifest.json").read_text())["splits"]["val"]
+    assert len(val_envs["env_mix"]) == 3  # the held-out rows cover every environment

@@ -82,13 +82,20 @@ def test_tiny_blends_prepare_with_held_out_rows(tmp_path: Path) -> None:
         assert manifest["splits"]["val"]["rows"] == 100
         assert manifest["splits"]["train"]["rows"] == 200
     rows = [json.loads(line) for line in (prepared["rlvr1"] / "train" / "data.jsonl").open()]
-    assert {r["agent_ref"]["name"] for r in rows} == {"math"}
-    assert all(r["expected_answer"].lstrip("-").isdigit() for r in rows)
-    messages = rows[0]["responses_create_params"]["input"]
+    math_rows = [r for r in rows if r["agent_ref"]["name"] == "math"]
+    assert all(r["expected_answer"].lstrip("-").isdigit() for r in math_rows)
+    messages = math_rows[0]["responses_create_params"]["input"]
     assert [m["role"] for m in messages] == ["system", "user"]
     assert messages[1]["content"].endswith("Reply with only the answer.")
-    mix = json.loads((prepared["rlvr3"] / "manifest.json").read_text())["splits"]["train"]
-    assert set(mix["env_mix"]) == {"instruction_following"}
+    # Every stage mixes three environments, in train and held-out rows alike.
+    for stage in TINY.stages:
+        splits = json.loads((prepared[stage.name] / "manifest.json").read_text())["splits"]
+        for split in ("train", "val"):
+            assert set(splits[split]["env_mix"]) == {
+                "math",
+                "instruction_following",
+                "structured_outputs",
+            }
     # prepared once: a second call (--resume) reuses the folders
     stamp = (prepared["rlvr1"] / "manifest.json").stat().st_mtime_ns
     prepare_data(TINY, tmp_path)

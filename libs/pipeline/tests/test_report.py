@@ -46,14 +46,14 @@ def test_report_files(tmp_path: Path) -> None:
     text = report.read_text()
     assert "| rlvr1 | 5 | 0.200 | 0.450 | +0.250 | 60 s |" in text
     # One column per environment; a stage without it shows a dash, not "nan".
-    assert "| rlvr1 | — | 0.10 → 0.40 |" in text
-    assert "| rlvr2 | 0.30 → 0.60 | — |" in text
+    assert "| rlvr1 | — | 0.10 → 0.40 (+0.30) |" in text
+    assert "| rlvr2 | 0.30 → 0.60 (+0.30) | — |" in text
     assert "nan" not in text
     data = json.loads((tmp_path / "report.json").read_text())
     assert [
         (s["stage"], s["heldout_reward_before"], s["heldout_reward_after"]) for s in data["stages"]
     ] == [("rlvr1", 0.2, 0.45), ("rlvr2", 0.45, 0.5)]
-    for name in ("rlvr1_reward.png", "heldout.png"):
+    for name in ("rlvr1_reward.png", "heldout.png", "heldout_by_env.png"):
         png = (tmp_path / "plots" / name).read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 5000
     assert not (tmp_path / "plots" / "rlvr2_reward.png").exists()  # no metrics, no curve

@@ -39,6 +39,11 @@ class GRPOConfig(ConfigModel):
     a group member whose others all agree keeps its unnormalised advantage)."""
     use_leave_one_out_baseline: bool = True
     """Baseline = mean of the other G-1 rewards (RLOO) instead of the group mean."""
+    normalize_advantages_per_env: bool = False
+    """Mixed batches: divide each environment's advantages by their std over the step's
+    batch (applied before advantage_clip), so every environment has unit advantage scale
+    whatever its reward range. Mostly useful with normalize_rewards=false; NeMo-RL has no
+    per-task normalisation, hence off (docs/trainer.md, "Mixed-environment batches")."""
     advantage_clip: float | None = Field(None, gt=0)
     """Clip advantages to [-c, c] (Super uses 50); None = off."""
 
@@ -216,6 +221,17 @@ class DataConfig(ConfigModel):
     """Environment for rows that name none."""
     shuffle: bool = True
     """Shuffle rows each epoch (seeded by grpo.seed + epoch, so a resume sees the same order)."""
+    interleave_envs: bool = True
+    """Interleave a blend's environments in every batch, in proportion to their weights
+    (seeded; rows within an environment shuffled per `shuffle`), instead of a plain
+    shuffle that leaves an environment out of a batch by chance. No effect on a
+    single-environment blend. Held-out rows are interleaved too (unweighted), so the first
+    `grpo.num_val_prompts` cover every environment."""
+    env_weights: dict[str, float] = Field(default_factory=dict)
+    """Share of each environment in the training stream, e.g. {math: 2, mcqa: 1}
+    (normalised; 0 leaves one out). Empty = row counts (every row once per epoch). Other
+    weights repeat an up-weighted environment's rows within an epoch. Needs
+    interleave_envs; every environment of the blend must be named."""
     max_prompt_tokens: int | None = Field(None, ge=1)
     """Rows whose templated prompt is longer are dropped with reason `prompt_too_long`;
     None = max_total_sequence_length − generation.max_new_tokens."""

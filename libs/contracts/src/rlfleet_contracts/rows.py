@@ -25,6 +25,12 @@ from rlfleet_contracts.run_folder import BLEND_MANIFEST
 Row = dict[str, Any]
 PLACEHOLDER_KEY = "_placeholder"
 
+MATH_EXTRACTION_FIELD = "extraction"
+"""Row field of the `math` environment that picks its answer extraction. The default is
+strict (NeMo-Gym parity: the answer must be in `\\boxed{}`); rows whose prompt asks for a
+bare answer opt into the lenient extraction with `LENIENT_EXTRACTION`."""
+LENIENT_EXTRACTION = "lenient"
+
 
 class DataError(ValueError):
     """A blend cannot be prepared; the message names the file, line and field."""

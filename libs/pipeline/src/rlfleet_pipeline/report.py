@@ -187,6 +187,27 @@ def plot_heldout(stages: list[StageResult], path: Path) -> Path:
     return path
 
 
+def plot_heldout_by_env(stages: list[StageResult], envs: list[str], path: Path) -> Path:
+    """Held-out reward before (faint) and after (solid) per environment, for each stage:
+    a mixed stage must not buy one environment's gain with another's loss."""
+    fig, ax = plt.subplots(figsize=(1.2 * len(stages) * len(envs) + 2, 3.8))
+    width = 0.8 / len(envs)
+    for k, env in enumerate(envs):
+        xs = [i - 0.4 + width * (k + 0.5) for i in range(len(stages))]
+        before = [s.heldout_by_env_before.get(env, float("nan")) for s in stages]
+        after = [s.heldout_by_env_after.get(env, float("nan")) for s in stages]
+        bars = ax.bar(xs, after, width * 0.9, label=env)
+        ax.bar(xs, before, width * 0.9, color=bars.patches[0].get_facecolor(), alpha=0.3)
+    ax.set_xticks(list(range(len(stages))), [s.stage for s in stages])
+    ax.set(title="held-out reward per environment (faint: before)", ylabel="reward")
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     """Write report.json, report.md and plots/ under run_dir; return report.md."""
     folder = PipelineFolder(run_dir)
@@ -220,7 +241,7 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
         ]
         for s in stages:
             cells = [
-                f"{_cell(s.heldout_by_env_before.get(e))} → {_cell(s.heldout_by_env_after.get(e))}"
+                _env_cell(s.heldout_by_env_before.get(e), s.heldout_by_env_after.get(e))
                 if e in s.heldout_by_env_before or e in s.heldout_by_env_after
                 else "—"  # the stage's blend has no such environment
                 for e in envs
@@ -230,6 +251,8 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     lines += [f"- {s.stage}: {_failure_line(t)}" for s, t in zip(stages, totals, strict=True)]
     if stages:
         plots.append(plot_heldout(stages, folder.plots / "heldout.png"))
+    if len(envs) > 1:
+        plots.append(plot_heldout_by_env(stages, envs, folder.plots / "heldout_by_env.png"))
     lines += ["", *[f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]]
     folder.report_json.write_text(
         json.dumps(
@@ -246,6 +269,13 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     report = folder.report_md
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+def _env_cell(before: float | None, after: float | None) -> str:
+    cell = f"{_cell(before)} → {_cell(after)}"
+    if before is not None and after is not None:
+        cell += f" ({after - before:+.2f})"
+    return cell
 
 
 def _cell(value: float | None) -> str:

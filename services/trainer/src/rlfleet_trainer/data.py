@@ -13,6 +13,10 @@ Reasoning control (rlfleet_contracts.reasoning): the chat template gets the reci
 `responses_create_params.chat_template_kwargs`; the row's `max_output_tokens` (or
 `max_tokens` / `max_completion_tokens`) caps that prompt's generation; a training source
 with a low-effort schedule converts the prompts it schedules (rlfleet_trainer.reasoning).
+
+With `data.interleave_envs` and more than one environment, `mixing.EnvSchedule` orders the
+stream instead (every batch holds the blend's environments in proportion), and the id
+counts the passes over the row's environment.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import DataError, env_of, prompt_messages, read_blend
 
 from rlfleet_trainer.reasoning import LowEffortSchedule
+
+from rlfleet_trainer.mixing import EnvSchedule
 
 
 @dataclass(frozen=True)
@@ -72,10 +78,12 @@ class PromptSource:
         tokenizer: Any,
         shuffle: bool,
         training: bool = False,
+        weighted: bool = True,
     ) -> PromptSource:
         """`shuffle` is the caller's: training rows follow `data.shuffle`, held-out rows
-        keep their order. Only a `training` source follows the low-effort schedule: the
-        held-out reward measures the prompts as the data gives them."""
+        keep their order; held-out rows are interleaved but not re-weighted (`weighted`).
+        Only a `training` source follows the low-effort schedule: the held-out reward
+        measures the prompts as the data gives them."""
         data = recipe.data
         max_prompt = data.max_prompt_tokens or (
             recipe.policy.max_total_sequence_length - recipe.generation.max_new_tokens
@@ -99,6 +107,8 @@ class PromptSource:
             max_prompt_tokens=max_prompt,
             template_kwargs=dict(recipe.reasoning.chat_template_kwargs),
             low_effort=schedule,
+            interleave_envs=data.interleave_envs,
+            env_weights=data.env_weights if weighted else None,
         )
 
     def __init__(
@@ -112,6 +122,8 @@ class PromptSource:
         max_prompt_tokens: int | None = None,
         template_kwargs: dict[str, Any] | None = None,
         low_effort: LowEffortSchedule | None = None,
+        interleave_envs: bool = False,
+        env_weights: dict[str, float] | None = None,
     ) -> None:
         if not rows:
             raise ValueError("no prompt rows: the data set is empty")
@@ -131,6 +143,12 @@ class PromptSource:
         self.max_prompt_tokens = max_prompt_tokens
         self.cursor = 0
         self._orders: dict[int, list[int]] = {}
+        envs = [row_env(row, default_env) for row in self.rows]
+        self.schedule: EnvSchedule | None = None
+        if env_weights and not interleave_envs:
+            raise ValueError("data.env_weights needs data.interleave_envs=true")
+        if interleave_envs and (len(set(envs)) > 1 or env_weights):
+            self.schedule = EnvSchedule(envs, seed=seed, shuffle=shuffle, weights=env_weights)
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
@@ -140,9 +158,15 @@ class PromptSource:
             self._orders = {epoch: order}
         return self._orders[epoch]
 
-    def prompt_at(self, index: int) -> Prompt:
+    def _locate(self, index: int) -> tuple[int, int]:
+        """(row index, pass) of the index-th prompt; the pass goes into its id."""
+        if self.schedule is not None:
+            return self.schedule.locate(index)
         epoch, position = divmod(index, len(self.rows))
-        row_index = self._order(epoch)[position]
+        return self._order(epoch)[position], epoch
+
+    def prompt_at(self, index: int) -> Prompt:
+        row_index, epoch = self._locate(index)
         row = self.rows[row_index]
         row_id = str(row.get("id", row_index))
         if self.low_effort is not None:
@@ -177,6 +201,5 @@ class PromptSource:
         return [self._id_at(i) for i in range(self.cursor)]
 
     def _id_at(self, index: int) -> str:
-        epoch, position = divmod(index, len(self.rows))
-        row_index = self._order(epoch)[position]
+        row_index, epoch = self._locate(index)
         return f"{self.rows[row_index].get('id', row_index)}@{epoch}"

@@ -69,7 +69,7 @@ def build_context(
         source=PromptSource.from_recipe(
             recipe, rows, tokenizer, recipe.data.shuffle, training=True
         ),
-        val_source=PromptSource.from_recipe(recipe, val_rows, tokenizer, False)
+        val_source=PromptSource.from_recipe(recipe, val_rows, tokenizer, False, weighted=False)
         if val_rows
         else None,
         rollout=RolloutClient(

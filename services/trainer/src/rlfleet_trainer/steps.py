@@ -14,10 +14,12 @@ from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_trainer.algorithms import (
     REWARD_TIE,
     compute_grpo_advantages,
+    normalize_advantages_per_env,
     sample_loss_multiplier,
     zero_variance_groups,
 )
 from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
+from rlfleet_trainer.env_metrics import env_metrics
 from rlfleet_trainer.replay import PromptGroup
 
 
@@ -56,8 +58,15 @@ def prepare_step(
         rewards_PG,
         leave_one_out=g.use_leave_one_out_baseline,
         normalize=g.normalize_rewards,
-        clip=g.advantage_clip,
+        clip=None if g.normalize_advantages_per_env else g.advantage_clip,
     )
+    if g.normalize_advantages_per_env:
+        envs_N = [grp.env for grp in groups for _ in grp.samples]
+        advantages_PG = normalize_advantages_per_env(advantages_PG.flatten(), envs_N).view_as(
+            advantages_PG
+        )
+        if g.advantage_clip is not None:
+            advantages_PG = advantages_PG.clamp(-g.advantage_clip, g.advantage_clip)
     samples: list[Trajectory] = []
     for grp, advantages_G in zip(groups, advantages_PG.tolist(), strict=True):
         for sample, advantage in zip(grp.samples, advantages_G, strict=True):
@@ -84,7 +93,8 @@ def prepare_step(
 
 def data_metrics(groups: Sequence[PromptGroup], current_version: int) -> dict[str, float]:
     """reward/mean, reward/<env>, frac_reward_zero_std, response length, truncation,
-    policy lag (current weight version − the version each sample was generated under)."""
+    policy lag (current weight version − the version each sample was generated under),
+    and the per-environment metrics of `env_metrics` (NeMo-RL's names)."""
     samples = [s for grp in groups for s in grp.samples]
     if not samples:
         return {}
@@ -106,4 +116,5 @@ def data_metrics(groups: Sequence[PromptGroup], current_version: int) -> dict[st
     }
     for env, rewards in by_env.items():
         metrics[f"reward/{env}"] = statistics.fmean(rewards)
+    metrics.update(env_metrics(groups))
     return metrics

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from rlfleet_contracts.run_folder import StageFolder
 
+from rlfleet_trainer.algorithms import REWARD_TIE
 from rlfleet_trainer.clients import CallFailed, GroupScores, Sampling
 from rlfleet_trainer.collector import TooManyFailures
+from rlfleet_trainer.env_metrics import FULL_REWARD
 
 if TYPE_CHECKING:
     from rlfleet_trainer.loop import RunContext
@@ -37,6 +39,9 @@ class Validation:
     failed_prompts: int = 0
     failed_samples: int = 0
     """Samples without a reward, those of failed prompts included."""
+    details: dict[str, float] = field(default_factory=dict)
+    """`accuracy` and per environment `<env>/accuracy`, `<env>/gen_tokens_per_sample/mean`,
+    `<env>/num_prompts` (NeMo-RL's names; accuracy = share of samples at full reward)."""
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -44,6 +49,7 @@ class Validation:
             return {}
         return {
             **self.rewards,
+            **self.details,
             "failed_prompts": float(self.failed_prompts),
             "failed_samples": float(self.failed_samples),
         }
@@ -55,6 +61,10 @@ class _PromptResult:
     reward: float | None
     """Mean over the prompt's scored samples; None when none was scored."""
     failed_samples: int
+    accuracy: float = 0.0
+    """Share of the scored samples at full reward."""
+    gen_tokens: float = 0.0
+    """Mean generated tokens of the prompt's samples."""
 
 
 async def validate(ctx: RunContext, label: str | None = None) -> Validation:
@@ -101,7 +111,9 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
                 group.problem,
             )
         mean = sum(scored) / len(scored) if scored else None
-        return _PromptResult(prompt.env, mean, group.failed_samples)
+        accuracy = sum(r >= FULL_REWARD - REWARD_TIE for r in scored) / max(len(scored), 1)
+        tokens = sum(len(r.token_ids) for r in results) / max(len(results), 1)
+        return _PromptResult(prompt.env, mean, group.failed_samples, accuracy, tokens)
 
     results = await asyncio.gather(*(one(i) for i in range(count)))
     if label is not None:
@@ -143,7 +155,20 @@ def _summarise(results: list[_PromptResult], fraction: float, tag: str) -> Valid
     scored = [reward for rewards in by_env.values() for reward in rewards]
     rewards = {"reward": sum(scored) / max(len(scored), 1)}
     rewards.update({f"reward/{env}": sum(v) / len(v) for env, v in sorted(by_env.items())})
-    return Validation(rewards, failed, sum(r.failed_samples for r in results))
+    return Validation(rewards, failed, sum(r.failed_samples for r in results), _details(results))
+
+
+def _details(results: list[_PromptResult]) -> dict[str, float]:
+    scored = [r for r in results if r.reward is not None]
+    if not scored:
+        return {}
+    details = {"accuracy": sum(r.accuracy for r in scored) / len(scored)}
+    for env in sorted({r.env for r in scored}):
+        mine = [r for r in scored if r.env == env]
+        details[f"{env}/accuracy"] = sum(r.accuracy for r in mine) / len(mine)
+        details[f"{env}/gen_tokens_per_sample/mean"] = sum(r.gen_tokens for r in mine) / len(mine)
+        details[f"{env}/num_prompts"] = float(len(mine))
+    return details
 
 
 def read_heldout(folder: StageFolder) -> dict[str, Any]:
@@ -153,9 +178,10 @@ def read_heldout(folder: StageFolder) -> dict[str, Any]:
 
 def write_heldout(folder: StageFolder, when: str, result: Validation) -> None:
     """The held-out file = {"before": {...}, "after": {...}, "failures": {"before": {...},
-    ...}}, replaced atomically. Failure counts sit apart from the rewards, whose every
+    ...}, "details": {"before": {accuracy, <env>/accuracy, ...}, ...}}, replaced atomically. Failure counts sit apart from the rewards, whose every
     key but `reward` the pipeline's report reads as an environment."""
     data: dict[str, Any] = {**read_heldout(folder), when: result.rewards}
+    data["details"] = {**data.get("details", {}), when: result.details}
     data["failures"] = {
         **data.get("failures", {}),
         when: {"failed_prompts": result.failed_prompts, "failed_samples": result.failed_samples},

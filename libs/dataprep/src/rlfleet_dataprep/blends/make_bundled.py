@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rlfleet_dataprep.blends.super_sample import super_sample
+from rlfleet_contracts.rows import LENIENT_EXTRACTION, MATH_EXTRACTION_FIELD
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,6 +34,7 @@ ADDITION: dict[str, object] = {
     "allow_parentheses": False,
 }
 MINUS_TIMES: dict[str, object] = {**ADDITION, "operators": ["-", "*"]}
+MIXED_OPS: dict[str, object] = {**ADDITION, "operators": ["+", "-", "*"]}
 BRIEF = " Reply with only the answer."
 # A short system message: SmolLM2's chat template otherwise adds a 20-token default one,
 # and prompt tokens are most of what a CPU step trains on.
@@ -62,9 +64,9 @@ QUESTIONS = (
 INSTRUCTIONS = " Answer in all lowercase letters, without commas, in fewer than 12 words."
 
 
-def instruction_following(n: int) -> list[dict[str, object]]:
+def instruction_following(n: int, start: int = 0) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
-    for i in range(n):
+    for i in range(start, start + n):
         topic, question = TOPICS[i % len(TOPICS)], QUESTIONS[i // len(TOPICS) % len(QUESTIONS)]
         prompt = question.format(topic) + INSTRUCTIONS
         rows.append(
@@ -110,9 +112,51 @@ def reasoning_gym(
         **({"system": system} if system else {}),
         **({"extraction": extraction} if extraction else {}),
     }
+    # The tiny prompts ask for a bare answer, not \\boxed{}: opt into lenient extraction.
+    extra = {MATH_EXTRACTION_FIELD: LENIENT_EXTRACTION} if score_with == "math" else {}
     return [
-        {"_placeholder": {**spec, "index": i}, "agent_ref": {"name": score_with}} for i in range(n)
+        {"_placeholder": {**spec, "index": i}, "agent_ref": {"name": score_with}, **extra}
+        for i in range(n)
     ]
+
+
+# Structured outputs: a two-key JSON object about a topic, valid under its schema. SmolLM2
+# answers ~15% of these with one bare JSON line (the rest: prose, or a ```json block cut
+# off at 24 tokens): room to learn the format. (A multiple-choice set was tried first: the
+# model answers "C) 58", which no mcqa grading mode reads, 0 of 44 held-out samples scored
+# and nothing to learn from.)
+JSON_KEYS = (("name", "color"), ("title", "mood"), ("name", "place"))
+
+
+def structured_outputs(n: int, start: int = 0) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for i in range(start, start + n):
+        topic, keys = TOPICS[i % len(TOPICS)], JSON_KEYS[i // len(TOPICS) % len(JSON_KEYS)]
+        schema = {
+            "type": "object",
+            "properties": {key: {"type": "string"} for key in keys},
+            "required": list(keys),
+            "additionalProperties": False,
+        }
+        prompt = (
+            f"Give {topic} a {keys[0]} and a {keys[1]}. Reply with only a JSON object with "
+            f'the string keys "{keys[0]}" and "{keys[1]}".'
+        )
+        rows.append(
+            {
+                "id": f"tiny-json-{i}",
+                "agent_ref": {"name": "structured_outputs"},
+                "responses_create_params": {
+                    "input": [
+                        {"role": "system", "content": TERSE},
+                        {"role": "user", "content": prompt},
+                    ]
+                },
+                "schema_str": json.dumps(schema),
+                "schema_type": "json",
+            }
+        )
+    return rows
 
 
 def indexed(source: str, env: str, indices: Iterable[int]) -> list[dict[str, object]]:
@@ -130,17 +174,26 @@ IFBENCH_COVERED = (
 )  # fmt: skip
 
 BLENDS: dict[str, list[dict[str, object]]] = {
-    # The tiny pipeline (`rlfleet run`): one blend per RLVR stage, each learnable by
-    # SmolLM2-135M on 2 CPU cores in a few minutes.
-    # The prompts ask for a bare answer (BRIEF), so the math rows opt in to the reward's
-    # lenient extraction (NeMo-Gym's default rule wants a \\boxed{} answer).
-    "tiny-rlvr1": reasoning_gym(
-        "basic_arithmetic", 300, 11, ADDITION, "math", BRIEF, TERSE, extraction="lenient"
-    ),
-    "tiny-rlvr2": reasoning_gym(
-        "basic_arithmetic", 300, 12, MINUS_TIMES, "math", BRIEF, TERSE, extraction="lenient"
-    ),
-    "tiny-rlvr3": instruction_following(300),
+    # The tiny pipeline (`rlfleet run`): one blend per RLVR stage, each a mix of three
+    # environments trained in every batch (like the Super stages' mixed blends), learnable
+    # by SmolLM2-135M on 2 CPU cores in a few minutes: bare-answer arithmetic (`math`,
+    # lenient extraction), open questions under verifiable instructions
+    # (`instruction_following`) and small JSON objects under a schema (`structured_outputs`).
+    "tiny-rlvr1": [
+        *reasoning_gym("basic_arithmetic", 100, 11, ADDITION, "math", BRIEF, TERSE),
+        *structured_outputs(100),
+        *instruction_following(100),
+    ],
+    "tiny-rlvr2": [
+        *reasoning_gym("basic_arithmetic", 100, 12, MINUS_TIMES, "math", BRIEF, TERSE),
+        *structured_outputs(100, start=100),
+        *instruction_following(100, start=100),
+    ],
+    "tiny-rlvr3": [
+        *instruction_following(100, start=200),
+        *reasoning_gym("basic_arithmetic", 100, 13, MIXED_OPS, "math", BRIEF, TERSE),
+        *structured_outputs(100, start=200),
+    ],
     "tiny-mix": [
         *reasoning_gym("basic_arithmetic", 150, seed=1, config=EASY_ARITHMETIC),
         *reasoning_gym("leg_counting", 50, seed=2),

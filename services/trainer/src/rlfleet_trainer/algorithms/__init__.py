@@ -6,6 +6,7 @@ from rlfleet_trainer.algorithms.advantages import (
     REWARD_TIE,
     compute_baseline_and_std,
     compute_grpo_advantages,
+    normalize_advantages_per_env,
     zero_variance_groups,
 )
 from rlfleet_trainer.algorithms.filtering import (
@@ -43,6 +44,7 @@ __all__ = [
     "compute_policy_loss",
     "dapo_overlong_penalty",
     "gspo_log_ratio",
+    "normalize_advantages_per_env",
     "overlong_loss_multiplier",
     "sample_loss_multiplier",
     "sequence_logprob_error",

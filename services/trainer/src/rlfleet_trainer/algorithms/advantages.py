@@ -6,6 +6,8 @@ Shape legend: P = prompt groups, G = generations per prompt.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 ADVANTAGE_EPS = 1e-6
@@ -75,6 +77,38 @@ def compute_grpo_advantages(
     if clip is not None:
         advantages_PG = advantages_PG.clamp(-clip, clip)
     return advantages_PG.float()
+
+
+def normalize_advantages_per_env(advantages_N: torch.Tensor, env_N: Sequence[str]) -> torch.Tensor:
+    """Per-environment batch normalisation of a mixed batch: each environment's advantages
+    divided by their std over the batch, A_i / (std_e + 1e−6) (Bessel-corrected; an
+    environment whose advantages are all 0, or that has one sample, is left as is).
+
+    GRPO's advantage is already relative to its own group (one prompt, one environment),
+    so no environment's mean leaks into another's. What remains is scale: without
+    `normalize_rewards` (Dr. GRPO) an environment with a wide reward range or spread
+    outweighs one with a narrow range (graded instruction following against 0/1 math); this
+    gives each environment unit advantage scale in every step. With `normalize_rewards` each
+    informative group already has unit scale, and this only up-weights environments with
+    many zero-variance groups. NeMo-RL has no per-task normalisation (only the per-prompt
+    std and a global `reward_scaling`), so it is off by default.
+
+    Returns advantages_N (float32).
+    """
+    if advantages_N.dim() != 1 or advantages_N.shape[0] != len(env_N):
+        raise ValueError(
+            f"advantages must be [N] with one env per sample, got shape "
+            f"{tuple(advantages_N.shape)} and {len(env_N)} envs"
+        )
+    out_N = advantages_N.double().clone()
+    for env in sorted(set(env_N)):
+        mask_N = torch.tensor([e == env for e in env_N], device=advantages_N.device)
+        if int(mask_N.sum()) < 2:
+            continue
+        std = float(out_N[mask_N].std())
+        if std > 1e-12:
+            out_N[mask_N] = out_N[mask_N] / (std + ADVANTAGE_EPS)
+    return out_N.float()
 
 
 REWARD_TIE = 1e-9
