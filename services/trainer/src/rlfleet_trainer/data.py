@@ -32,9 +32,8 @@ from rlfleet_contracts.reasoning import row_max_output_tokens, row_template_kwar
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import DataError, env_of, prompt_messages, read_blend
 
-from rlfleet_trainer.reasoning import LowEffortSchedule
-
 from rlfleet_trainer.mixing import EnvSchedule
+from rlfleet_trainer.reasoning import LowEffortSchedule
 
 
 @dataclass(frozen=True)

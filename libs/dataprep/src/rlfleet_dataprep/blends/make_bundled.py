@@ -13,8 +13,8 @@ import random
 from collections.abc import Iterable
 from pathlib import Path
 
-from rlfleet_dataprep.blends.super_sample import super_sample
 from rlfleet_contracts.rows import LENIENT_EXTRACTION, MATH_EXTRACTION_FIELD
+from rlfleet_dataprep.blends.super_sample import super_sample
 
 HERE = Path(__file__).resolve().parent
 
