@@ -21,8 +21,6 @@ services=("${@:-${all[@]}}")
 
 declare -A package=([trainer]=rlfleet-trainer [rollout]=rlfleet-rollout [reward]=rlfleet-reward
                     [sandbox]=rlfleet-sandbox [swe-runner]=rlfleet-swe)
-# The workspace libraries each service imports besides rlfleet-proto and rlfleet-core.
-declare -A libs=([trainer]="rlfleet-contracts rlfleet-weights" [rollout]="rlfleet-weights")
 links="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
 
 for service in "${services[@]}"; do
@@ -31,8 +29,12 @@ for service in "${services[@]}"; do
   ctx=$(mktemp -d)
   trap 'rm -rf "$ctx"' EXIT
   mkdir -p "$ctx/wheels" "$ctx/rlfleet"
-  for member in rlfleet-proto rlfleet-core ${libs[$service]:-} "$pkg"; do
-    uv build --quiet --wheel --package "$member" -o "$ctx/rlfleet"
+  # The service and every workspace library it depends on, as the lock says (a hand-kept
+  # list went stale when the reward service started to use rlfleet-contracts).
+  members=$(uv export --quiet --frozen --no-dev --no-hashes --no-header --package "$pkg" \
+    --format requirements-txt | sed -n 's|^-e \./||p')
+  for member in $members; do
+    uv build --quiet --wheel "$repo/$member" -o "$ctx/rlfleet"
   done
   # --no-header: the header names the (random) output path, which would defeat the layer cache.
   uv export --quiet --frozen --no-dev --no-hashes --no-header --no-emit-workspace --package "$pkg" \
