@@ -15,6 +15,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from generate import message, response  # parity/ is on sys.path, as for record_mir
+
 SEED = 13
 COUNT = 900
 
@@ -349,27 +351,6 @@ INSTRUCTIONS: dict[str, tuple[Maker, Writer | None]] = {
 }
 
 
-def _response(text: str) -> dict[str, Any]:
-    return {
-        "id": "resp_1",
-        "object": "response",
-        "created_at": 1.0,
-        "model": "policy",
-        "output": [
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        ],
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-    }
-
-
 def generate(seed: int = SEED, count: int = COUNT) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     ids = sorted(INSTRUCTIONS)
@@ -401,7 +382,7 @@ def generate(seed: int = SEED, count: int = COUNT) -> list[dict[str, Any]]:
             request["verifier_metadata"] = metadata
         else:  # the legacy layout: verifier fields at the top level
             request.update(metadata)
-        request["response"] = _response(text)
+        request["response"] = response([message(text)])
         cases.append(
             {
                 "category": f"{lead}/{mode or 'default'}/{len(chosen)}",

@@ -11,6 +11,8 @@ import random
 import string
 from typing import Any
 
+from generate import message, response  # parity/ is on sys.path, as for record_mir
+
 SEED = 13
 COUNT = 640
 
@@ -37,26 +39,6 @@ _REGEXES = [
     r"Answer:\s*([A-J])",
 ]
 _PREFIXES = ["Final Answer:", "The answer is", "Réponse :", "答案："]
-
-
-def _response(text: str) -> dict[str, Any]:
-    message = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-    return {
-        "id": "resp_1",
-        "object": "response",
-        "created_at": 1.0,
-        "model": "policy",
-        "output": [message],
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-    }
 
 
 def _answer_text(
@@ -180,7 +162,7 @@ def generate(seed: int = SEED, count: int = COUNT) -> list[dict[str, Any]]:
             }
         elif meta_roll < 0.35 and mode == "lenient_answer_colon_md":
             row["template_metadata"] = {"answer_prefix": rng.choice(_PREFIXES)}
-        reference = dict(row, response=_response(text))
+        reference = dict(row, response=response([message(text)]))
         request = dict(reference)
         if config:
             request["grading_mode"] = config["grading_mode"]

@@ -8,6 +8,8 @@ import json
 import random
 from typing import Any
 
+from generate import message, response  # parity/ is on sys.path, as for record_mir
+
 SEED = 13
 PER_TASK = 40
 TASKS = (
@@ -27,27 +29,6 @@ TASKS = (
     "number_filtering",
     "sentence_reordering",
 )
-
-
-def _response(text: str) -> dict[str, Any]:
-    return {
-        "id": "resp_1",
-        "object": "response",
-        "created_at": 1.0,
-        "model": "policy",
-        "output": [
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        ],
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-    }
 
 
 def _text(rng: random.Random, gold: str, wrong: str) -> tuple[str, str]:
@@ -99,7 +80,7 @@ def generate(seed: int = SEED, per_task: int = PER_TASK) -> list[dict[str, Any]]
                 "question": entry["question"],
                 "answer": entry["answer"],
                 "metadata": entry["metadata"],
-                "response": _response(text),
+                "response": response([message(text)]),
             }
             cases.append(
                 {

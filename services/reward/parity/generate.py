@@ -52,19 +52,24 @@ def function_call(name: str, arguments: Any, i: int = 0) -> dict[str, Any]:
     }
 
 
+def response(output: Items) -> dict[str, Any]:
+    """A Responses object holding `output` (what a NeMo-Gym model server returns)."""
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1.0,
+        "model": "policy",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+
+
 def request(prompt: str, output: Items, **fields: Any) -> dict[str, Any]:
     return {
         "responses_create_params": {"input": [{"role": "user", "content": prompt}]},
-        "response": {
-            "id": "resp_1",
-            "object": "response",
-            "created_at": 1.0,
-            "model": "policy",
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-        },
+        "response": response(output),
         **fields,
     }
 
