@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlfleet_reward.types import RowError
+
 Converter = Callable[[Any], Any]
 
 
@@ -18,6 +20,22 @@ class Checker:
     instruction_id: str
     check: Callable[..., bool]
     args: dict[str, Converter]
+
+    def convert_kwargs(self, given: Any, field: str) -> tuple[tuple[str, Any], ...]:
+        """The row's kwargs object for this instruction, converted for `check`; RowError
+        naming `field` (or `field.<arg>`) when it is not an object or an argument is bad."""
+        given = given or {}
+        if not isinstance(given, dict):
+            raise RowError(field, f"expected an object, got {type(given).__name__}")
+        args = []
+        for name, convert in self.args.items():
+            if given.get(name) is None:
+                raise RowError(f"{field}.{name}", f"required by {self.instruction_id}, but missing")
+            try:
+                args.append((name, convert(given[name])))
+            except ValueError as exc:
+                raise RowError(f"{field}.{name}", str(exc)) from None
+        return tuple(args)
 
 
 CHECKERS: dict[str, Checker] = {}

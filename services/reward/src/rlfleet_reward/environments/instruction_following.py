@@ -52,24 +52,14 @@ def parse_instructions(
                 f"instruction_id_list[{i}]",
                 f"unknown instruction {instruction_id!r}; supported: {', '.join(sorted(CHECKERS))}",
             )
-        given = given or {}
-        if not isinstance(given, dict):
-            raise RowError(f"kwargs[{i}]", f"expected an object, got {type(given).__name__}")
-        args = []
-        for name, convert in checker.args.items():
-            if given.get(name) is None:
-                raise RowError(f"kwargs[{i}].{name}", f"required by {instruction_id}, but missing")
-            try:
-                args.append((name, convert(given[name])))
-            except ValueError as exc:
-                raise RowError(f"kwargs[{i}].{name}", str(exc)) from None
+        args = checker.convert_kwargs(given, f"kwargs[{i}]")
         values = dict(args)
         if instruction_id == "length_constraints:nth_paragraph_first_word" and not (
             1 <= values["nth_paragraph"] <= values["num_paragraphs"]
         ):
             # verifiable_instructions would pick a random paragraph instead.
             raise RowError(f"kwargs[{i}].nth_paragraph", "must be within [1, num_paragraphs]")
-        parsed.append((instruction_id, tuple(args)))
+        parsed.append((instruction_id, args))
     return tuple(parsed)
 
 

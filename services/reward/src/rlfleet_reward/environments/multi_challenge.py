@@ -137,17 +137,7 @@ def _parse_item(i: int, item: Any, user_turns: int) -> tuple[str, tuple[tuple[st
             f"{where}.instruction_id",
             f"unknown instruction {str(instruction_id)[:60]!r}; supported: {', '.join(known)}",
         )
-    given = item.get("kwargs") or {}
-    if not isinstance(given, dict):
-        raise RowError(f"{where}.kwargs", f"expected an object, got {type(given).__name__}")
-    args = []
-    for name, convert in checker.args.items():
-        if given.get(name) is None:
-            raise RowError(f"{where}.kwargs.{name}", f"required by {instruction_id}, but missing")
-        try:
-            args.append((name, convert(given[name])))
-        except ValueError as exc:
-            raise RowError(f"{where}.kwargs.{name}", str(exc)) from None
+    args = checker.convert_kwargs(item.get("kwargs"), f"{where}.kwargs")
     turn = item.get("turn", 0)
     if turn is None:
         turn = 0
@@ -155,7 +145,7 @@ def _parse_item(i: int, item: Any, user_turns: int) -> tuple[str, tuple[tuple[st
         raise RowError(
             f"{where}.turn", f"expected a user turn in [1, {user_turns}] (or 0), got {turn!r}"
         )
-    return instruction_id, tuple(args), turn
+    return instruction_id, args, turn
 
 
 class MultiChallengeEnvironment(Environment):
