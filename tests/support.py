@@ -23,19 +23,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(module: str, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`python -m module --port P args…` on loopback, its output in `log`; returns once its
-    gRPC health check says SERVING (fails the test with the log's tail otherwise)."""
+def start_service(
+    module: str, args: list[str], log: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m module --port P args…` on loopback (`env` added to the environment), its
+    output in `log`; returns once its gRPC health check says SERVING (fails the test with
+    the log's tail otherwise)."""
     import grpc
     from rlfleet_core.client import check_health
 
     port = free_port()
-    env = {**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning"}
     process = subprocess.Popen(
         [sys.executable, "-m", module, "--port", str(port), *args],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
-        env=env,
+        env={**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning", **(env or {})},
     )
     target = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -10,59 +10,27 @@ reward = 1 − λ·min(1, n/B) for a sample of n generated tokens."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import pytest
-from rlfleet_core.client import check_health
-from support import free_port
+from support import start_service, stop_service
 
 pytest.importorskip("rlfleet_reward", reason="the reward service package is not installed")
 
 
 @pytest.fixture(scope="module")
 def reward_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     log = tmp_path_factory.mktemp("logs") / "reward.log"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rlfleet_reward",
-            "--port",
-            str(port),
-            "environments=[math,low_effort]",
-            "pool.workers=1",
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    process, target = start_service(
+        "rlfleet_reward",
+        ["environments=[math,low_effort]", "pool.workers=1"],
+        log,
+        env={"OMP_NUM_THREADS": "1"},
     )
-    target = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise AssertionError(f"reward gateway exited: {log.read_text()[-2000:]}")
-            try:
-                if check_health(target, timeout_s=2.0) == "SERVING":
-                    break
-            except Exception:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"reward gateway not serving: {log.read_text()[-2000:]}")
-            time.sleep(0.3)
         yield target
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_service(process)
 
 
 async def test_low_effort_prompts_are_scored_by_generated_tokens(reward_target: str) -> None:
