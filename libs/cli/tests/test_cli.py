@@ -64,6 +64,15 @@ def test_version_lists_every_package() -> None:
             "grpo.num_generations_per_prompt: input should be greater than or equal to 2",
         ),
         (
+            ["run", "policy.model=two words"],
+            "policy.model: 'two words' is not a bundled name (smollm2-135m-instruct, tiny), "
+            "a local folder",
+        ),
+        (
+            ["serve", "rollout", "model=org/bad--name"],
+            "model: 'org/bad--name' is not a bundled name",
+        ),
+        (
             ["serve", "reward", "server.grace_s=soon"],
             "server.grace_s: expected a number, got 'soon'",
         ),

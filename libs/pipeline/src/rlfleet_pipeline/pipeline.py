@@ -57,7 +57,7 @@ class PipelineStage:
 class Pipeline:
     name: str
     model: str
-    """Starting model of the first stage (a bundled name or a HF folder)."""
+    """Starting model of the first stage (a bundled name, a HF folder or a Hugging Face id)."""
     stages: tuple[PipelineStage, ...]
     services: tuple[str, ...] = ("sandbox", "reward", "rollout")
     val_rows: int = 100
@@ -79,7 +79,7 @@ class RunSpec:
     pipeline: str = "tiny"
     engine: str = "vllm"
     model: str | None = None
-    """Starting model instead of the pipeline's (a bundled name or a HF folder)."""
+    """Starting model instead of the pipeline's (a bundled name, a HF folder or a Hugging Face id)."""
     overrides: list[str] = field(default_factory=list)
 
     @classmethod

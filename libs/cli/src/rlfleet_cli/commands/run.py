@@ -36,8 +36,9 @@ def run(
     model: Annotated[
         str | None,
         typer.Option(
-            help="Starting model instead of the pipeline's SmolLM2-135M-Instruct: a local "
-            "HF folder or a bundled name (tiny)."
+            help="Starting model instead of the pipeline's SmolLM2-135M-Instruct: a bundled "
+            "name (tiny), a local HF folder or a Hugging Face id (HF cache; offline with "
+            "HF_HUB_OFFLINE=1)."
         ),
     ] = None,
     overrides: Overrides = None,
