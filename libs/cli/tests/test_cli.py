@@ -39,7 +39,7 @@ def rlfleet(
 def test_help_lists_the_commands() -> None:
     result = rlfleet("--help")
     assert result.returncode == 0
-    for command in ("serve", "run", "bench", "version"):
+    for command in ("serve", "run", "doctor", "bench", "version"):
         assert command in result.stdout
 
 
