@@ -131,3 +131,22 @@ def test_the_form_of_a_reference_is_checked(ref: str, ok: bool) -> None:
         assert problem is not None and "(smollm2-135m-instruct, tiny)" in problem
         with pytest.raises(ModelNotFound, match="Hugging Face id"):
             resolve_model(ref)
+
+
+def test_download_false_never_reaches_the_hub(tmp_path: Path) -> None:
+    """What the trainer uses to compare a served name with its policy: cache only, even
+    without HF_HUB_OFFLINE (no network is touched: huggingface_hub is told local only)."""
+    code = (
+        "import sys\n"
+        "from rlfleet_core.models import ModelNotFound, resolve_model\n"
+        "try:\n"
+        "    resolve_model('some-org/served-name', download=False)\n"
+        "except ModelNotFound as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env["HF_HUB_CACHE"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert "'some-org/served-name': not in the Hugging Face cache" in result.stdout, result.stderr

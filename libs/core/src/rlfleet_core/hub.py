@@ -52,9 +52,10 @@ def hub_cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def resolve_hub_model(repo_id: str) -> Path:
+def resolve_hub_model(repo_id: str, *, download: bool = True) -> Path:
     """The snapshot folder of `repo_id` in the Hugging Face cache, downloading the model's
-    files first unless the Hub is unreachable or HF_HUB_OFFLINE=1 (then the cache only).
+    files first unless the Hub is unreachable, HF_HUB_OFFLINE=1 or not `download` (then
+    the cache only).
 
     Every Hub request has huggingface_hub's deadline (HF_HUB_ETAG_TIMEOUT and
     HF_HUB_DOWNLOAD_TIMEOUT, 10 s each by default). Raises ModelNotFound, one line
@@ -69,7 +70,13 @@ def resolve_hub_model(repo_id: str) -> Path:
     )
 
     try:
-        folder = Path(snapshot_download(repo_id, allow_patterns=list(MODEL_FILE_PATTERNS)))
+        folder = Path(
+            snapshot_download(
+                repo_id,
+                allow_patterns=list(MODEL_FILE_PATTERNS),
+                local_files_only=not download,
+            )
+        )
     except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as exc:
         kind = (
             "gated (log in with `hf auth login`)"

@@ -98,11 +98,14 @@ def check_model_reference(text: str) -> str:
     return text
 
 
-def resolve_model(name_or_path: str | os.PathLike[str], *, cache: Path | None = None) -> Path:
+def resolve_model(
+    name_or_path: str | os.PathLike[str], *, cache: Path | None = None, download: bool = True
+) -> Path:
     """A local HF model folder for `name_or_path`, tried in this order: the folder itself
     when it exists (it must hold a `config.json`); a bundled name (built and cached on first
     use); a Hugging Face id (`HuggingFaceTB/SmolLM2-135M-Instruct`), taken from the HF
-    cache or downloaded into it (rlfleet_core.hub.resolve_hub_model).
+    cache or downloaded into it (rlfleet_core.hub.resolve_hub_model; `download=False`: the
+    cache only).
 
     Raises ModelNotFound, one line saying what was tried and how to fix it, otherwise.
     """
@@ -122,7 +125,7 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, cache: Path | None = 
     problem = model_reference_problem(text)
     if problem is not None:
         raise ModelNotFound(f"model {problem}")
-    return resolve_hub_model(text)
+    return resolve_hub_model(text, download=download)
 
 
 def _cached(target: Path, build: Callable[[Path], None]) -> Path:
