@@ -150,3 +150,23 @@ def test_download_false_never_reaches_the_hub(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert "'some-org/served-name': not in the Hugging Face cache" in result.stdout, result.stderr
+
+
+def test_hub_requests_get_deadlines(tmp_path: Path) -> None:
+    """huggingface_hub's client has no timeout of its own; resolving an id gives it one."""
+    code = (
+        "from huggingface_hub.utils import get_session\n"
+        "from rlfleet_core.models import ModelNotFound, resolve_model\n"
+        "print(get_session().timeout.read)\n"
+        "try:\n"
+        "    resolve_model('some-org/some-model')\n"
+        "except ModelNotFound:\n"
+        "    pass\n"
+        "t = get_session().timeout\n"
+        "print(t.connect, t.read)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.stdout.split() == ["None", "10.0", "60.0"], result.stderr

@@ -11,10 +11,18 @@ that loads the model reports the problem.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 # What a model folder needs: config, weights in safetensors, tokenizer and templates.
 # PyTorch .bin, ONNX, GGUF and TF/Flax copies that many repos also hold are skipped.
 MODEL_FILE_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken")
+
+
+HUB_CONNECT_TIMEOUT_S = 10.0
+HUB_READ_TIMEOUT_S = 60.0
+"""Deadlines of every Hub request of this process: huggingface_hub's own client has none
+(`timeout=None`), so a stalled connection would hang a service's start for ever. The read
+deadline bounds each wait for bytes, not a whole download."""
 
 
 class ModelNotFound(ValueError):
@@ -52,13 +60,31 @@ def hub_cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
+def set_hub_deadlines() -> None:
+    """Give huggingface_hub's HTTP client (this process's, shared by transformers) a
+    connect and a read deadline. Its default client factory is not public; where it is
+    missing (another huggingface_hub version) the client is left as it is."""
+    import huggingface_hub
+    from huggingface_hub.utils import _http
+
+    base = getattr(_http, "default_client_factory", None)
+    if base is None:
+        return
+
+    def client_with_deadlines() -> Any:
+        client = base()
+        client.timeout = type(client.timeout)(HUB_READ_TIMEOUT_S, connect=HUB_CONNECT_TIMEOUT_S)
+        return client
+
+    huggingface_hub.set_client_factory(client_with_deadlines)
+
+
 def resolve_hub_model(repo_id: str, *, download: bool = True) -> Path:
     """The snapshot folder of `repo_id` in the Hugging Face cache, downloading the model's
     files first unless the Hub is unreachable, HF_HUB_OFFLINE=1 or not `download` (then
     the cache only).
 
-    Every Hub request has huggingface_hub's deadline (HF_HUB_ETAG_TIMEOUT and
-    HF_HUB_DOWNLOAD_TIMEOUT, 10 s each by default). Raises ModelNotFound, one line
+    Every Hub request has a deadline (set_hub_deadlines). Raises ModelNotFound, one line
     saying how to get the model here, when it is not cached and cannot be fetched.
     """
     from huggingface_hub import snapshot_download
@@ -69,6 +95,8 @@ def resolve_hub_model(repo_id: str, *, download: bool = True) -> Path:
         RevisionNotFoundError,
     )
 
+    if download:
+        set_hub_deadlines()
     try:
         folder = Path(
             snapshot_download(
