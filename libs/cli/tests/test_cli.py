@@ -194,3 +194,14 @@ def test_cli_run_errors_are_one_line(tmp_path: Path) -> None:
     assert "holds no run" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(app, ["run", "--engine", "tgi", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "--engine: expected vllm or hf" in result.output
+
+
+def test_rollout_with_an_uncached_hub_id_offline_fails_in_one_line(tmp_path: Path) -> None:
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    args = ("serve", "rollout", "--port", "0", "--engine", "hf", "--model", "nope-org/nope-model")
+    result = rlfleet(*args, env=env)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [ln for ln in result.stderr.splitlines() if "nope-org/nope-model" in ln]
+    assert line.startswith("rlfleet rollout: model 'nope-org/nope-model': not in the Hugging Face")
+    assert f"({tmp_path})" in line and "`hf download nope-org/nope-model`" in line
