@@ -39,7 +39,7 @@ def rlfleet(
 def test_help_lists_the_commands() -> None:
     result = rlfleet("--help")
     assert result.returncode == 0
-    for command in ("serve", "run", "bench", "version"):
+    for command in ("serve", "run", "doctor", "bench", "version"):
         assert command in result.stdout
 
 
@@ -62,6 +62,15 @@ def test_version_lists_every_package() -> None:
         (
             ["run", "grpo.num_generations_per_prompt=1"],
             "grpo.num_generations_per_prompt: input should be greater than or equal to 2",
+        ),
+        (
+            ["run", "policy.model=two words"],
+            "policy.model: 'two words' is not a bundled name (smollm2-135m-instruct, tiny), "
+            "a local folder",
+        ),
+        (
+            ["serve", "rollout", "model=org/bad--name"],
+            "model: 'org/bad--name' is not a bundled name",
         ),
         (
             ["serve", "reward", "server.grace_s=soon"],
@@ -185,3 +194,14 @@ def test_cli_run_errors_are_one_line(tmp_path: Path) -> None:
     assert "holds no run" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(app, ["run", "--engine", "tgi", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "--engine: expected vllm or hf" in result.output
+
+
+def test_rollout_with_an_uncached_hub_id_offline_fails_in_one_line(tmp_path: Path) -> None:
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    args = ("serve", "rollout", "--port", "0", "--engine", "hf", "--model", "nope-org/nope-model")
+    result = rlfleet(*args, env=env)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [ln for ln in result.stderr.splitlines() if "nope-org/nope-model" in ln]
+    assert line.startswith("rlfleet rollout: model 'nope-org/nope-model': not in the Hugging Face")
+    assert f"({tmp_path})" in line and "`hf download nope-org/nope-model`" in line

@@ -106,3 +106,12 @@ def test_failure_budget_replaces_the_per_run_count() -> None:
     assert "grpo.max_consecutive_failing_steps" in message
     assert "max_failed_group_fraction" in _error("grpo.max_failed_group_fraction=1")
     assert "call_attempts" in _error("services.call_attempts=0")
+
+
+def test_policy_model_takes_bundled_names_paths_and_hub_ids() -> None:
+    for model in ("tiny", "/runs/a/stages/rlvr1/hf", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        recipe = load_config(RecipeConfig, overrides=[f"policy.model={model}"])
+        assert recipe.policy.model == model
+    (line,) = _error("policy.model=not a model").splitlines()
+    assert line.startswith("policy.model: 'not a model' is not a bundled name")
+    assert "Hugging Face id" in line

@@ -41,7 +41,7 @@ def test_local_folder_is_returned_and_bad_names_are_explained(tmp_path: Path) ->
     with pytest.raises(ModelNotFound, match=r"config\.json"):
         resolve_model(empty)
     with pytest.raises(ModelNotFound, match="tiny"):
-        resolve_model("no-such-model")
+        resolve_model("no such model")  # not a Hugging Face id either: refused offline
 
 
 def test_tiny_model_shape_and_tokenizer_round_trip() -> None:

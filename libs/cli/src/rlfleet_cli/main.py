@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from rlfleet_cli.commands import bench, data, reward, rl, run, serve
+from rlfleet_cli.commands import bench, data, doctor, reward, rl, run, serve
 
 app = typer.Typer(
     name="rlfleet",
@@ -25,6 +25,7 @@ app = typer.Typer(
 app.command()(serve.version)
 app.command(context_settings={"allow_extra_args": False})(serve.serve)
 app.command()(serve.up)
+app.command()(doctor.doctor)
 app.command()(run.run)
 app.add_typer(data.data_app, name="data")
 app.add_typer(reward.reward_app, name="reward")

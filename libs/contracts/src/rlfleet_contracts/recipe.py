@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
+from rlfleet_core.models import check_model_reference
 
 from rlfleet_contracts.reasoning import ReasoningConfig
 
@@ -181,7 +182,11 @@ class OptimizerConfig(ConfigModel):
 
 class PolicyConfig(ConfigModel):
     model: str = "smollm2-135m-instruct"
-    """A local HF folder or a bundled model name (smollm2-135m-instruct, tiny)."""
+    """A bundled model name (smollm2-135m-instruct, tiny), a local HF folder, or a Hugging
+    Face id (`HuggingFaceTB/SmolLM2-135M-Instruct`: from the HF cache, downloaded into it
+    first when the Hub can be reached; HF_HUB_OFFLINE=1 = the cache only)."""
+    _model_form = field_validator("model")(check_model_reference)
+
     backend: Literal["torch", "megatron"] = "torch"
     """`torch`: HF transformers model (CPU, one GPU, FSDP2 for several); `megatron`:
     megatron-core GPTModel with TP/PP/CP/EP."""

@@ -1,8 +1,10 @@
-"""Where models come from: a local Hugging Face folder, or a bundled name built offline.
+"""Where models come from: a local Hugging Face folder, a bundled name built offline, or a
+Hugging Face id (from the HF cache, downloaded there first when the Hub can be reached).
 
 Trainer and rollout both call `resolve_model(name_or_path)` and get the same local folder
 (safetensors + config.json + tokenizer files), so they agree on weights *and* token ids.
-Nothing is fetched from a hub: the bundled names are built on this machine and cached.
+The bundled names are built on this machine and cached, never fetched; Hugging Face ids
+go through rlfleet_core.hub (offline: HF_HUB_OFFLINE=1 uses the cache only).
 
 Bundled names:
 
@@ -36,6 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlfleet_core.hub import ModelNotFound as ModelNotFound
+from rlfleet_core.hub import hub_id_problem, looks_like_path, resolve_hub_model
+
 logger = logging.getLogger(__name__)
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -58,10 +63,6 @@ CHATML_TEMPLATE = (
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-class ModelNotFound(ValueError):
-    """`name_or_path` is neither a local model folder nor a bundled name."""
-
-
 def cache_dir() -> Path:
     """Root of converted models: $RLFLEET_CACHE_DIR/models or ~/.cache/rlfleet/models."""
     root = os.environ.get("RLFLEET_CACHE_DIR")
@@ -69,15 +70,48 @@ def cache_dir() -> Path:
     return base / "models"
 
 
-def resolve_model(name_or_path: str | os.PathLike[str], *, cache: Path | None = None) -> Path:
-    """A local HF model folder for `name_or_path`: the folder itself when it holds a
-    `config.json`, else a bundled name (built and cached on first use).
+def model_reference_problem(text: str) -> str | None:
+    """Why `text` cannot name a model, or None: checks the form only (a bundled name, a
+    local path, or a Hugging Face id), so a config that names a folder written later (the
+    previous stage's export) or an id not downloaded yet still loads."""
+    if not text.strip():
+        return (
+            f"is empty: name a bundled model ({', '.join(BUNDLED_MODELS)}), a local folder "
+            "or a Hugging Face id"
+        )
+    if text in BUNDLED_MODELS or looks_like_path(text) or Path(text).expanduser().is_dir():
+        return None
+    problem = hub_id_problem(text)
+    if problem is None:
+        return None
+    return (
+        f"{text!r} is not a bundled name ({', '.join(BUNDLED_MODELS)}), a local folder "
+        f"(/abs/path or ./rel/path) nor a Hugging Face id (namespace/name): {problem}"
+    )
 
-    Raises ModelNotFound naming the valid bundled names otherwise.
+
+def check_model_reference(text: str) -> str:
+    """A pydantic field validator: `text` when model_reference_problem finds none."""
+    problem = model_reference_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return text
+
+
+def resolve_model(
+    name_or_path: str | os.PathLike[str], *, cache: Path | None = None, download: bool = True
+) -> Path:
+    """A local HF model folder for `name_or_path`, tried in this order: the folder itself
+    when it exists (it must hold a `config.json`); a bundled name (built and cached on first
+    use); a Hugging Face id (`HuggingFaceTB/SmolLM2-135M-Instruct`), taken from the HF
+    cache or downloaded into it (rlfleet_core.hub.resolve_hub_model; `download=False`: the
+    cache only).
+
+    Raises ModelNotFound, one line saying what was tried and how to fix it, otherwise.
     """
     text = str(name_or_path)
     path = Path(text).expanduser()
-    if path.is_dir():
+    if text.strip() and path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{path}: a model folder needs a config.json (HF layout)")
         return path.resolve()
@@ -86,10 +120,12 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, cache: Path | None = 
         return _cached(root / f"tiny-{_TINY_RECIPE}-seed0", lambda out: build_tiny_model(out))
     if text == SMOLLM2_NAME:
         return _cached(root / f"{SMOLLM2_NAME}-{_SMOLLM2_RECIPE}", convert_smollm2)
-    raise ModelNotFound(
-        f"model {text!r}: not a local folder with config.json, nor a bundled name "
-        f"({', '.join(BUNDLED_MODELS)})"
-    )
+    if looks_like_path(text):
+        raise ModelNotFound(f"model {text!r}: no such folder")
+    problem = model_reference_problem(text)
+    if problem is not None:
+        raise ModelNotFound(f"model {problem}")
+    return resolve_hub_model(text, download=download)
 
 
 def _cached(target: Path, build: Callable[[Path], None]) -> Path:

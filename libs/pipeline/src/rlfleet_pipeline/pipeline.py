@@ -57,7 +57,7 @@ class PipelineStage:
 class Pipeline:
     name: str
     model: str
-    """Starting model of the first stage (a bundled name or a HF folder)."""
+    """Starting model of the first stage (a bundled name, a HF folder or a Hugging Face id)."""
     stages: tuple[PipelineStage, ...]
     services: tuple[str, ...] = ("sandbox", "reward", "rollout")
     val_rows: int = 100
@@ -79,7 +79,7 @@ class RunSpec:
     pipeline: str = "tiny"
     engine: str = "vllm"
     model: str | None = None
-    """Starting model instead of the pipeline's (a bundled name or a HF folder)."""
+    """Starting model instead of the pipeline's (a bundled name, a HF folder or a Hugging Face id)."""
     overrides: list[str] = field(default_factory=list)
 
     @classmethod
@@ -103,11 +103,21 @@ class StageProgress:
 Progress = Callable[[StageProgress], None]
 
 
+Preflight = Callable[["RunSpec"], object]
+"""Checks of the machine for a run of this spec (`rlfleet run` passes the doctor's); it
+raises to stop the run before anything is written or started."""
+
+
 def start_run(
-    out: Path, spec: RunSpec, resume: bool, pipeline: Pipeline | None = None
+    out: Path,
+    spec: RunSpec,
+    resume: bool,
+    pipeline: Pipeline | None = None,
+    preflight: Preflight | None = None,
 ) -> tuple[RunSpec, Pipeline]:
-    """Check the run folder against --resume and the overrides against every stage's
-    recipe (before anything is written); return the spec to run and its pipeline."""
+    """Check the run folder against --resume, the overrides against every stage's recipe
+    and then the machine (`preflight`), before anything is written; return the spec to run
+    and its pipeline."""
     run_file = PipelineFolder(out).run_spec
     if resume:
         if not run_file.exists():
@@ -124,6 +134,8 @@ def start_run(
                 f"overrides {stored.overrides}); drop --model and the overrides or start a "
                 "new run with --out"
             )
+        if preflight is not None:
+            preflight(stored)
         return stored, pipeline_of(stored, pipeline)
     if run_file.exists():
         raise PipelineError(
@@ -133,6 +145,8 @@ def start_run(
     chosen = pipeline_of(spec, pipeline)
     for index, stage in enumerate(chosen.stages):  # a bad override fails here, not later
         stage_recipe(chosen, index, out, data_dir(out, stage), spec.overrides)
+    if preflight is not None:
+        preflight(spec)
     out.mkdir(parents=True, exist_ok=True)
     run_file.write_text(json.dumps(asdict(spec), indent=2) + "\n")
     return spec, chosen
@@ -324,10 +338,11 @@ def run_pipeline(
     progress: Progress | None = None,
     log: Callable[[str], None] = print,
     pipeline: Pipeline | None = None,
+    preflight: Preflight | None = None,
 ) -> Path:
     """Run (or continue) the pipeline in `out` (`spec.pipeline`, unless `pipeline` is
-    given); returns the report's path."""
-    spec, pipeline = start_run(out, spec, resume, pipeline)
+    given); returns the report's path. `preflight` checks the machine first."""
+    spec, pipeline = start_run(out, spec, resume, pipeline, preflight)
     data = prepare_data(pipeline, out)
     recipes = [
         stage_recipe(pipeline, i, out, data[s.name], spec.overrides)

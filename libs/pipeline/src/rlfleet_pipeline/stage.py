@@ -210,7 +210,7 @@ def run_compose(
     if recipe.policy.model not in BUNDLED_MODELS:
         raise StageError(
             f"policy.model={recipe.policy.model}: the rollout container can only serve a bundled "
-            f"model ({', '.join(BUNDLED_MODELS)}), not a folder of this host; use --run local"
+            f"model ({', '.join(BUNDLED_MODELS)}), not a folder or HF cache of this host; use --run local"
         )
     token_file = token_file_for(run_dir, os.environ)
     env = {**os.environ, TOKEN_FILE_ENV: str(token_file)}

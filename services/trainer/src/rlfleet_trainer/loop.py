@@ -243,7 +243,9 @@ def same_weights(served_model: str, policy_model: str) -> bool:
     from rlfleet_core.models import resolve_model
 
     try:
-        return resolve_model(served_model).resolve() == resolve_model(policy_model).resolve()
+        # A served name may be any string (served_model_name): never download it.
+        served = resolve_model(served_model, download=False)
+        return served.resolve() == resolve_model(policy_model, download=False).resolve()
     except Exception:  # a served name we cannot resolve here: assume it differs
         return False
 

@@ -36,8 +36,9 @@ def run(
     model: Annotated[
         str | None,
         typer.Option(
-            help="Starting model instead of the pipeline's SmolLM2-135M-Instruct: a local "
-            "HF folder or a bundled name (tiny)."
+            help="Starting model instead of the pipeline's SmolLM2-135M-Instruct: a bundled "
+            "name (tiny), a local HF folder or a Hugging Face id (HF cache; offline with "
+            "HF_HUB_OFFLINE=1)."
         ),
     ] = None,
     overrides: Overrides = None,
@@ -46,11 +47,17 @@ def run(
     on SmolLM2-135M-Instruct, each from the previous stage's weights with its own blend,
     async GRPO against local reward, sandbox and rollout services.
 
+    Runs `rlfleet doctor`'s checks first and stops with its lines when a required one
+    fails (vLLM is required only with --engine vllm).
+
     Writes --out/report.md (+ report.json, plots/) with held-out reward before and after
     each stage. KEY=VALUE overrides apply to every stage's recipe (e.g. grpo.max_num_steps=4).
     Ctrl-C stops cleanly; `rlfleet run --resume --out DIR` continues.
     """
+    from rlfleet_pipeline.doctor import NotReady, require_ready
     from rlfleet_pipeline.pipeline import PipelineError, RunSpec, run_pipeline
+
+    from rlfleet_cli.commands.doctor import print_checks
 
     if engine not in ("vllm", "hf"):
         raise fail(f"--engine: expected vllm or hf, got {engine!r}")
@@ -60,10 +67,21 @@ def run(
     # ignored, and Python then never raises KeyboardInterrupt: Ctrl-C / kill -INT must
     # still stop the run cleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def preflight(chosen: RunSpec) -> None:
+        # The doctor's checks, vLLM required only for the vllm engine.
+        err.print("checking this machine (rlfleet doctor) ...")
+        require_ready(engine=chosen.engine, out=out_dir)
+
     try:
         with PipelineProgress(err) as progress:
             report = run_pipeline(
-                out_dir, spec, resume=resume, progress=progress.update, log=progress.log
+                out_dir,
+                spec,
+                resume=resume,
+                progress=progress.update,
+                log=progress.log,
+                preflight=preflight,
             )
     except KeyboardInterrupt:
         err.print(
@@ -73,6 +91,13 @@ def run(
         raise typer.Exit(130) from None
     except ConfigError as exc:
         raise config_failure(exc) from None
+    except NotReady as exc:
+        print_checks(exc.failed, only_misses=True)
+        raise fail(
+            f"this machine is not ready to run ({len(exc.failed)} required check(s) failed "
+            "above; `rlfleet doctor` lists every check)",
+            code=1,
+        ) from None
     except (PipelineError, FleetError) as exc:
         raise fail(str(exc), code=1) from None
     summary = json.loads(PipelineFolder(report.parent).report_json.read_text())

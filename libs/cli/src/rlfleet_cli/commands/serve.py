@@ -44,8 +44,8 @@ def serve(
     model: Annotated[
         str | None,
         typer.Option(
-            help="rollout: a local HF folder or a bundled model "
-            "(smollm2-135m-instruct, tiny); same as model=..."
+            help="rollout: a bundled model (smollm2-135m-instruct, tiny), a local HF "
+            "folder or a Hugging Face id (HF cache); same as model=..."
         ),
     ] = None,
     config: ConfigPath = None,
