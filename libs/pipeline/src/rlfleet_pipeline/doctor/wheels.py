@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import sys
 import sysconfig
 import tomllib
@@ -127,6 +128,15 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
+def _replace(path: Path, data: bytes) -> None:
+    """Write `path` as a new file (then rename over it): uv installs by hard-linking from
+    its cache, and writing in place would change the cache's copy and every environment
+    linked to it."""
+    tmp = path.with_name(f".{path.name}.rlfleet-doctor")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def fix_wheel_tags(mismatch: TagMismatch) -> None:
     """Rewrite the WHEEL's Tag lines to the file's tags, and WHEEL's line in RECORD."""
     wheel = mismatch.dist_info / "WHEEL"
@@ -134,7 +144,7 @@ def fix_wheel_tags(mismatch: TagMismatch) -> None:
     while lines and not lines[-1].strip():
         lines.pop()
     data = ("\n".join([*lines, *(f"Tag: {t}" for t in mismatch.file_tags)]) + "\n\n").encode()
-    wheel.write_bytes(data)
+    _replace(wheel, data)
     record = mismatch.dist_info / "RECORD"
     if record.is_file():
         entry = f"{mismatch.dist_info.name}/WHEEL"
@@ -143,7 +153,7 @@ def fix_wheel_tags(mismatch: TagMismatch) -> None:
             f"{entry},{_record_hash(data)},{len(data)}" if row.split(",", 1)[0] == entry else row
             for row in rows
         ]
-        record.write_text("\n".join(rows) + "\n")
+        _replace(record, ("\n".join(rows) + "\n").encode())
 
 
 def site_packages() -> list[Path]:
