@@ -101,8 +101,8 @@ def test_readme_command_on_a_fresh_container() -> None:
         # This machine's CA bundle: a TLS-intercepting proxy on the way to PyPI, if any,
         # is trusted inside too (as the service images do).
         ca = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
-        _docker("exec", "-i", name, "tee", "/etc/ssl/certs/host-ca.pem", input=ca.read_bytes(),
-                timeout=60)  # fmt: skip
+        ca_copy = ["exec", "-i", name, "tee", "/etc/ssl/certs/host-ca.pem"]
+        _docker(*ca_copy, input=ca.read_bytes(), timeout=60)
         setup = " && ".join(
             [
                 "export DEBIAN_FRONTEND=noninteractive SSL_CERT_FILE=/etc/ssl/certs/host-ca.pem",
@@ -120,10 +120,8 @@ def test_readme_command_on_a_fresh_container() -> None:
             ]
         )
         log = _docker("exec", name, "bash", "-c", f"set -o pipefail; {setup} 2>&1", timeout=3300)
-        report = json.loads(
-            _docker("exec", name, "cat", "/src/runs/" + ("tiny" if FULL else "fresh")
-                    + "/report.json", timeout=60)  # fmt: skip
-        )
+        run_dir = "/src/runs/" + ("tiny" if FULL else "fresh")
+        report = json.loads(_docker("exec", name, "cat", f"{run_dir}/report.json", timeout=60))
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=120)
     assert log.rstrip().endswith("Would make no changes"), log[-2000:]

@@ -36,7 +36,7 @@ _VLLM_PROBE = "import json, vllm; print(json.dumps({'version': vllm.__version__}
 
 INSTALL_HINT = (
     "uv sync --locked (CPU), or on a GPU machine `export UV_NO_GROUP=cpu; uv sync --locked "
-    "--group gpu` (README, \"CPU or GPU\")"
+    '--group gpu` (README, "CPU or GPU")'
 )
 
 
