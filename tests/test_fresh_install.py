@@ -115,6 +115,9 @@ def test_readme_command_on_a_fresh_container() -> None:
                 "cd /src",
                 # On failure, the services' logs (the container goes with the test).
                 f"( {command} ) || {{ tail -n 40 runs/*/logs/*.log; exit 1; }}",
+                # The GPU choice resolves from the lock here too (a plan, nothing installed).
+                "UV_PROJECT_ENVIRONMENT=/tmp/gpu uv sync --locked --dry-run --no-group cpu"
+                " --group gpu 2>&1 | grep -E '^ \\+ (vllm|torch)=='",
                 # A later `uv run` finds nothing to change (it would sync exactly this).
                 "uv sync --locked --dry-run 2>&1 | tail -n 3",
             ]
@@ -125,6 +128,7 @@ def test_readme_command_on_a_fresh_container() -> None:
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=120)
     assert log.rstrip().endswith("Would make no changes"), log[-2000:]
+    assert " + vllm==0.32.0" in log and " + torch==2.13.0" in log, log[-2000:]
     stages = report["stages"]
     assert [s["stage"] for s in stages] == ["rlvr1", "rlvr2", "rlvr3"], (stages, log[-3000:])
     for stage in stages:
