@@ -122,7 +122,9 @@ def test_readme_command_on_a_fresh_container() -> None:
                 "uv sync --locked --dry-run 2>&1 | tail -n 3",
             ]
         )
-        log = _docker("exec", name, "bash", "-c", f"set -o pipefail; {setup} 2>&1", timeout=3300)
+        # One stream, in order: the last lines are the last commands' output.
+        script = f"set -o pipefail; {{ {setup}; }} 2>&1"
+        log = _docker("exec", name, "bash", "-c", script, timeout=3300)
         run_dir = "/src/runs/" + ("tiny" if FULL else "fresh")
         report = json.loads(_docker("exec", name, "cat", f"{run_dir}/report.json", timeout=60))
     finally:

@@ -54,9 +54,11 @@ Issue 14: a CI run (10 steps of 4 prompts) failed: overall up, but math 0.325 ->
 (~4 standard errors of the held-out estimate below the other runs' +0.33 to +0.58: the
 training, not the measurement, missed math). With 4 prompts a step math had ~13 groups
 in the whole stage, few with mixed outcomes. Now 12 steps of 6 prompts (two per
-environment, ~24 math groups): RUNS_612 below, measured on the 2-core machine shared
-with other engineers' runs (5-25 min a run); 10 steps of 6 gave math +0.42, +0.27,
-+0.20 and instruction following +0.42, +0.33, +0.43 over three runs.
+environment, ~24 math groups), four runs on the 2-core machine shared with other
+engineers' runs (5-25 min a run), overall before -> after (paired t): 0.224 -> 0.547
+(5.2), 0.174 -> 0.526 (7.0), 0.268 -> 0.609 (7.1), 0.224 -> 0.708 (13.5); math +0.33,
++0.57, +0.30, +0.55; instruction following +0.60, +0.45, +0.50, +0.41; JSON +0.05,
++0.04, +0.23, +0.50. (10 steps of 6 gave math +0.42, +0.27, +0.20 over three runs.)
 """
 
 from __future__ import annotations
