@@ -42,7 +42,7 @@ from typing import Any
 from rlfleet_core.errors import FailedPrecondition, Unavailable
 
 from rlfleet_rollout.config import RolloutServiceConfig
-from rlfleet_rollout.engines import vllm_worker
+from rlfleet_rollout.engines import vllm_compat, vllm_worker
 from rlfleet_rollout.engines.requests import sample_sampling, token_budget
 from rlfleet_rollout.engines.updates import UpdateAborted, check_or_drain
 from rlfleet_rollout.types import (
@@ -129,9 +129,11 @@ class VllmEngine:
 
     def _build(self) -> Any:
         import torch
+        import vllm
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        vllm_compat.check_version(vllm.__version__)
         cfg = self.config.engine_config
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
@@ -326,8 +328,10 @@ class VllmEngine:
                 ),
             )
             self._admit.clear()
-            mode = "keep" if self.config.in_flight_weight_updates else "wait"
-            await self.llm.pause_generation(mode=mode, clear_cache=False)
+            if self.config.in_flight_weight_updates:
+                await vllm_compat.pause(self.llm, "keep")
+            else:  # vLLM's own call: its short wait lets finished samples report first
+                await self.llm.pause_generation(mode="wait", clear_cache=False)
             paused = time.perf_counter()
             try:
                 sizes = await self._load(update)

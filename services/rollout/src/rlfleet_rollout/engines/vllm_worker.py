@@ -14,6 +14,8 @@ repacked parameters. `model.load_weights` directly fails on the CPU backend, and
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from rlfleet_proto.v1 import rollout_pb2
@@ -21,6 +23,8 @@ from rlfleet_weights.factory import make_group_receiver
 from rlfleet_weights.plan import BucketPlan, plan_buckets
 
 _RECEIVER_ATTR = "_rlfleet_weight_receiver"
+logger = logging.getLogger("vllm.rlfleet_worker")
+"""Under vLLM's logger: the engine-core process has vLLM's log handler, not ours."""
 
 
 def _reload(worker: Any, weights: list[tuple[str, Any]]) -> None:
@@ -77,13 +81,22 @@ def load_from_group(worker: Any, encoded_plan: bytes) -> int | str:
     receiver = getattr(worker, _RECEIVER_ATTR, None)
     if receiver is None:
         raise RuntimeError("no weight group on this worker: call InitWeightTransfer first")
+    start = time.perf_counter()
     try:
         weights = list(receiver.receive_tensors(plan))
     except Exception:
         receiver.close()
         setattr(worker, _RECEIVER_ATTR, None)
         raise
-    return _reload_or_error(worker, weights, plan.total_bytes)
+    received = time.perf_counter()
+    result = _reload_or_error(worker, weights, plan.total_bytes)
+    logger.info(
+        "rlfleet weights: received %d bytes in %.2f ms, reload_weights %.2f ms",
+        plan.total_bytes,
+        (received - start) * 1e3,
+        (time.perf_counter() - received) * 1e3,
+    )
+    return result
 
 
 def _reload_or_error(worker: Any, weights: list[tuple[str, Any]], nbytes: int) -> int | str:
