@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -194,34 +196,48 @@ async def _rounds(cfg: dict[str, Any], one: Any) -> dict[str, Any]:
 async def throughput(
     svc: Service, cfg: dict[str, Any], llm: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    direct = await direct_rates(svc, cfg)
-    per_sample = await direct_rates(svc, {**cfg, "per_sample": True})
-    grpc_ = await grpc_rates(svc, cfg)
-    http = await http_rates(svc, cfg)
-    best = max(statistics.median(llm["rates"]), statistics.median(direct["rates"]))
-    rows = []
-    for label, got in (
-        ("llm_generate", llm),
-        ("asyncllm_direct", direct),
-        ("asyncllm_direct_per_sample", per_sample),
-        ("service_grpc", grpc_),
-        ("service_http", http),
-    ):
-        med = statistics.median(got["rates"])
-        rows.append(
-            {
-                "part": "throughput",
-                "path": label,
-                "tokens_per_s": round(med, 1),
-                "runs": [round(r, 1) for r in got["rates"]],
-                "tokens": got["tokens"],
-                "vs_best_vllm": round(med / best, 3),
-            }
-        )
-    return rows
+    one = {**cfg, "repeats": 1}
+    paths = {
+        "asyncllm_direct": lambda: direct_rates(svc, one),
+        "asyncllm_direct_per_sample": lambda: direct_rates(svc, {**one, "per_sample": True}),
+        "service_grpc": lambda: grpc_rates(svc, one),
+        "service_http": lambda: http_rates(svc, one),
+    }
+    got: dict[str, dict[str, Any]] = {"llm_generate": llm}
+    got.update({name: {"rates": [], "tokens": 0} for name in paths})
+    for _ in range(cfg["repeats"]):  # interleaved rounds: drift hits every path alike
+        for name, fn in paths.items():
+            result = await fn()
+            got[name]["rates"] += result["rates"]
+            got[name]["tokens"] = result["tokens"]
+    med = {name: statistics.median(g["rates"]) for name, g in got.items()}
+    best = max(med["llm_generate"], med["asyncllm_direct"])
+    return [
+        {
+            "part": "throughput",
+            "path": name,
+            "tokens_per_s": round(med[name], 1),
+            "max_tokens_per_s": round(max(g["rates"]), 1),
+            "runs": [round(r, 1) for r in g["rates"]],
+            "tokens": g["tokens"],
+            "vs_best_vllm": round(med[name] / best, 3),
+            "vs_asyncllm_direct": round(med[name] / med["asyncllm_direct"], 3),
+        }
+        for name, g in got.items()
+    ]
 
 
 # ---------------------------------------------------------------------------- main
+
+
+@contextlib.contextmanager
+def _part(rows: list[dict[str, Any]], name: str) -> Any:
+    """A part that fails is recorded and the next one still runs (one device call)."""
+    try:
+        yield
+    except Exception:
+        rows.append({"part": "error", "in": name, "error": traceback.format_exc()[-3000:]})
+        print(rows[-1]["error"], flush=True)
 
 
 async def main_async(args: Any) -> list[dict[str, Any]]:
@@ -245,24 +261,30 @@ async def main_async(args: Any) -> list[dict[str, Any]]:
         "prompts": prompts(16 if gpu else 4, 64),
         "n": 16 if gpu else 4,
         "max_tokens": 48 if gpu else 16,
-        "repeats": 3 if gpu else 2,
+        "repeats": 8 if gpu else 2,
     }
+    llm: dict[str, Any] = {}
     if "throughput" in parts:  # first, alone on the GPU
-        llm = llm_generate_baseline(cfg, env)
+        with _part(rows, "throughput"):
+            llm = llm_generate_baseline(cfg, env)
     if "throughput" in parts or "inflight" in parts:
         svc = Service(work, service_overrides(model, dtype, not gpu, gpu, cfg["seqs"]), env, "gen")
         try:
             await svc.ready()
-            if "throughput" in parts:
-                rows += await throughput(svc, cfg, llm)
-                print(json.dumps(rows[-5:]), flush=True)
+            if "throughput" in parts and llm:
+                with _part(rows, "throughput"):
+                    rows += await throughput(svc, cfg, llm)
+                    print(json.dumps(rows[-5:]), flush=True)
             if "inflight" in parts:
-                rows.append(await inflight(svc, model, dtype, gpu))
-                print(json.dumps(rows[-1]), flush=True)
+                with _part(rows, "inflight"):
+                    rows.append(await inflight(svc, model, dtype, gpu))
+                    print(json.dumps(rows[-1]), flush=True)
         finally:
             svc.stop()
     if "sync" in parts:
-        rows += await sync(work, gpu, env, args.repeats, args.models.split(","))
+        for name in args.models.split(","):
+            with _part(rows, f"sync {name}"):
+                rows += await sync(work, gpu, env, args.repeats, [name])
     return rows
 
 
@@ -276,8 +298,9 @@ def table(rows: list[dict[str, Any]], device: str) -> str:
     for r in rows:
         if r["part"] == "throughput":
             lines.append(
-                f"| throughput | {r['path']} | {r['tokens_per_s']} tok/s | best vLLM | "
-                f"{r['vs_best_vllm']} |"
+                f"| throughput | {r['path']} | {r['tokens_per_s']} tok/s (median; max "
+                f"{r['max_tokens_per_s']}) | best vLLM median | {r['vs_best_vllm']} (vs AsyncLLM "
+                f"same engine {r['vs_asyncllm_direct']}) |"
             )
         elif r["part"] == "sync":
             lines.append(
@@ -285,6 +308,8 @@ def table(rows: list[dict[str, Any]], device: str) -> str:
                 f"{r['broadcast_ms']} ms | bare {r['bare_ms']} ms | "
                 f"{r['ratio_update']} (broadcast {r['ratio_broadcast']}) |"
             )
+        elif r["part"] == "error":
+            lines.append(f"| error in {r['in']} | see gpu-vllm.jsonl | | | |")
         else:
             lines.append(
                 f"| inflight | {r['ok']} | |Δlogprob| new {r['mean_abs_dlogprob_new']} "

@@ -99,7 +99,7 @@ async def inflight(svc: Service, model_dir: Path, dtype: str, gpu: bool) -> dict
     with torch.no_grad():
         for p in trainer.parameters():
             p.add_(torch.randn_like(p) * 0.02)
-    streams, new_tokens = 64, 384
+    streams, new_tokens = 64, 900
     prompt = [1, 300, 301, 302, 201, 1, 303, 304, 201]
     async with connect(f"127.0.0.1:{svc.grpc_port}", default_timeout_s=600) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
@@ -118,14 +118,12 @@ async def inflight(svc: Service, model_dir: Path, dtype: str, gpu: bool) -> dict
             return [r async for r in stub.Generate(request)]
 
         tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
-        start = (await stub.GetStatus(rollout_pb2.GetStatusRequest())).tokens_generated
-        while True:  # publish once every stream is well under way
+        while True:  # publish once every stream runs (a quarter of their length in)
             status = await stub.GetStatus(rollout_pb2.GetStatusRequest())
-            if status.tokens_generated - start >= streams * new_tokens // 4 or all(
-                t.done() for t in tasks
-            ):
+            if status.requests_running >= streams or all(t.done() for t in tasks):
                 break
             await asyncio.sleep(0.005)
+        await asyncio.sleep(0.4 if gpu else 2.0)
         t0 = time.perf_counter()
         reply = await sender.publish(
             WeightPublish(version=1), ((k, p.detach()) for k, p in trainer.named_parameters())
