@@ -77,7 +77,7 @@ case $cmd in
   code)  # refresh code.tar.xz in every carry folder (after editing the code, before a call)
     git ls-files -co --exclude-standard libs services bench | grep -v "/tests/\|^bench/results/\|/parity/" \
       | tar -cf - -T - | xz -6 > .gpu-carry/code.tar.xz
-    for d in .gpu-carry/b*; do cp .gpu-carry/code.tar.xz $d/; done ;;
+    for d in .gpu-carry/b[0-9]; do cp .gpu-carry/code.tar.xz $d/; done ;;
   measure)
     setup
     set -o pipefail

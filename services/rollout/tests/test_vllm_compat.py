@@ -46,3 +46,25 @@ def test_installed_vllm_is_in_range(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv(ALLOW_ENV, raising=False)
     check_version(vllm.__version__)
+
+
+def test_direct_load_only_for_unquantized_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`model.load_weights` on CUDA unquantized models; `reload_weights` elsewhere (the
+    CPU backend repacks weights after loading; quantized models process them)."""
+    from types import SimpleNamespace
+
+    import torch
+    from rlfleet_rollout.engines.vllm_worker import _direct_load
+
+    def worker(device: str, quantization: str | None) -> SimpleNamespace:
+        config = SimpleNamespace(quantization=quantization)
+        return SimpleNamespace(
+            device=torch.device(device), model_runner=SimpleNamespace(model_config=config)
+        )
+
+    monkeypatch.delenv("RLFLEET_VLLM_RELOAD", raising=False)
+    assert _direct_load(worker("cuda", None))
+    assert not _direct_load(worker("cpu", None))
+    assert not _direct_load(worker("cuda", "fp8"))
+    monkeypatch.setenv("RLFLEET_VLLM_RELOAD", "1")
+    assert not _direct_load(worker("cuda", None))

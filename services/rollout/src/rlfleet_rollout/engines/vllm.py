@@ -11,9 +11,10 @@ gives sample i the seed `seed + i`.
 In-flight weight update (NeMo-RL's recipe, with vLLM's own pause):
 1. stop admitting new requests here (they wait in `generate`, so they start under the
    new weights and report the new version);
-2. `pause_generation(mode="keep")`: requests in flight freeze with their KV cache;
+2. pause with mode "keep" (`vllm_compat.pause`): requests in flight freeze with their
+   KV cache;
 3. weights reach the workers (`collective_rpc`: a broadcast over the weight group, or
-   the tensors themselves) and load with `reload_weights`;
+   the tensors themselves) and load (`vllm_worker._reload`);
 4. bump the version, then `reset_prefix_cache` (running requests are preempted and
    recomputed if `recompute_kv_cache`);
 5. resume.
