@@ -373,4 +373,4 @@ async def test_openai_completions_ignore_eos(harness: Harness) -> None:
     assert len((forced.model_extra or {})["generation_token_ids"]) == 40
     with pytest.raises(openai.UnprocessableEntityError) as info:
         await asyncio.to_thread(run, "maybe")
-    assert "ignore_eos" in str(info.value)
+    assert "ignore_eos" in info.value.response.text
