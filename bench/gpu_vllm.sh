@@ -12,6 +12,8 @@
 # (SmolLM2-135M-Instruct, for the learning curve) into one byte stream, split into 5 parts
 # of PART_MIB (default 55.5: each call also carries the checkout, 64 MiB in all); each
 # folder bN holds part N, the index (sizes, sha256) and this checkout's code as code.tar.xz.
+# The device tool sends the session's own checkout: from a helper's worktree, copy
+# .gpu-carry into that checkout (an ignored folder there) before the calls.
 # On the GPU machine, back-to-back calls (the machine keeps /tmp only while warm), each
 # carrying .gpu-carry/bN:
 #   mkdir -p /tmp/bundle && cp .gpu-carry/bN/part.* /tmp/bundle/            # N = 1, 2, 3
