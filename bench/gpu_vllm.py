@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_vllm_common import (
+from _gpu_vllm_common import (
     CPU_SHAPE,
     SMOLLM2_135M_V512,
     Service,
@@ -241,7 +241,7 @@ def _part(rows: list[dict[str, Any]], name: str) -> Any:
 
 
 async def main_async(args: Any) -> list[dict[str, Any]]:
-    from gpu_vllm_weights import inflight, sync
+    from _gpu_vllm_weights import inflight, sync
 
     gpu = not args.cpu
     work = Path(args.work)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_vllm_common import (
+from _gpu_vllm_common import (
     CPU_SHAPE,
     Service,
     reference_model,
