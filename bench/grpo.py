@@ -3,7 +3,7 @@ same run. Target: async ≥ 1.5× sync.
 
 Both modes use the same model, seeds, prompts, recipe and step count, and the trainer's
 real loop over gRPC. The rollout service is a separate process (the real
-`rlfleet-rollout`, hf engine); the reward is the trainer's reward test double (a
+`rlfleet-rollout`, hf engine, or vllm with --engine vllm); the reward is the trainer's reward test double (a
 character-count reward over gRPC), served from its own process. Sync =
 max_trajectory_age_steps 0 (generate, then train, then publish); async = 1 (generation
 for the next step overlaps training, weights are published in flight). Throughput is
@@ -17,7 +17,7 @@ Two placements, chosen by what is visible:
   (one torch/OMP thread per process; RLFLEET_BENCH_PIN=1 pins them to different cores).
 - GPU (two or more CUDA devices; RLFLEET_BENCH_CPU=1 forces CPU): as in production,
   generation and training on different devices. The rollout process sees only GPU 1
-  (CUDA_VISIBLE_DEVICES=1, hf engine in bf16), the trainer (this process) trains on
+  (CUDA_VISIBLE_DEVICES=1, hf or vllm engine in bf16), the trainer (this process) trains on
   cuda:0 (fp32 weights, bf16 autocast), the reward double runs on the CPU, and weights
   go trainer → rollout by an NCCL broadcast (services.weight_transport=nccl). The model
   is a randomly initialised Llama of SmolLM2-135M's shape (hidden 576, 30 layers, 9
@@ -27,7 +27,7 @@ Two placements, chosen by what is visible:
 
     python bench/grpo.py [--quick] [--record bench/results]
         [--prompts N --generations G --prompt-repeats R --new-tokens T]
-        [--weight-transport nccl|grpc_stream|...]   (GPU placement only)
+        [--weight-transport nccl|grpc_stream|...]   (GPU placement only) [--engine hf|vllm]
 
 On the GPU machine the libs come from the source tree (PYTHONPATH=libs/*/src:services/*/src),
 a minimal *.dist-info/METADATA per rlfleet package (importlib.metadata.version), and
@@ -111,6 +111,8 @@ class Placement:
     prompt_tokens: int = 0
     """Longest templated prompt, in tokens (set by `prepare`)."""
     cores: dict[str, Any] = field(default_factory=lambda: {"pinned": False})
+    engine: str = "hf"
+    """The rollout engine: hf, or vllm (GPU placement: bf16, CUDA graphs)."""
 
     @property
     def max_total(self) -> int:
@@ -133,6 +135,8 @@ class Placement:
                 f"engine_config.max_num_seqs={samples}",
                 f"engine_config.max_model_len={max(self.max_total, 1024)}",
             ]
+            if self.engine == "vllm":
+                args.append("engine_config.enforce_eager=false")
         return args
 
 
@@ -247,7 +251,7 @@ async def measure_mode(
     port = _free_port()
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, run_dir, ignore_errors=True)
-        args = ["-m", "rlfleet_rollout", "--port", str(port), "engine=hf"]
+        args = ["-m", "rlfleet_rollout", "--port", str(port), f"engine={placement.engine}"]
         # The rollout's log goes to stderr on GPU (a failure there must be readable).
         quiet = None if placement.gpu else subprocess.DEVNULL
         rollout = spawn_python(
@@ -348,7 +352,9 @@ def prepare(placement: Placement) -> None:
     placement.prompt_tokens = max(lengths)
 
 
-def run(quick: bool, gpu_shape: Shape = GPU_SHAPE, force_cpu: bool = False) -> list[BenchResult]:
+def run(
+    quick: bool, gpu_shape: Shape = GPU_SHAPE, force_cpu: bool = False, engine: str = "hf"
+) -> list[BenchResult]:
     import torch
 
     gpu = not force_cpu and use_gpus()
@@ -358,7 +364,9 @@ def run(quick: bool, gpu_shape: Shape = GPU_SHAPE, force_cpu: bool = False) -> l
         if gpu:
             model = Path(tmp)
             params = build_gpu_model(model)
-            placement = Placement(model, gpu_shape, gpu=True, steps=4 if quick else 10)
+            placement = Placement(
+                model, gpu_shape, gpu=True, steps=4 if quick else 10, engine=engine
+            )
             prepare(placement)
             # torch.cuda.get_device_name(1) is GPU 1 here: the rollout's CUDA_VISIBLE_DEVICES=1
             extra = {
@@ -366,10 +374,11 @@ def run(quick: bool, gpu_shape: Shape = GPU_SHAPE, force_cpu: bool = False) -> l
                 "9 heads, 3 KV heads, tied embeddings), tiny tokenizer vocab 512, "
                 f"{params / 1e6:.0f}M params",
                 "placement": "trainer cuda:0 (this process; fp32 weights, bf16 autocast); "
-                "rollout process CUDA_VISIBLE_DEVICES=1 (hf engine, bf16); reward double on CPU",
+                f"rollout process CUDA_VISIBLE_DEVICES=1 ({engine} engine, bf16); reward double "
+                "on CPU",
                 "gpus": [torch.cuda.get_device_name(i) for i in range(2)],
                 "weight_transport": gpu_shape.weight_transport,
-                "recipe": gpu_shape.describe(placement.prompt_tokens, "hf rollout engine"),
+                "recipe": gpu_shape.describe(placement.prompt_tokens, f"{engine} rollout engine"),
                 "max_num_seqs": gpu_shape.prompts * gpu_shape.generations,
             }
         else:
@@ -380,10 +389,12 @@ def run(quick: bool, gpu_shape: Shape = GPU_SHAPE, force_cpu: bool = False) -> l
                 gpu=False,
                 steps=4 if quick else 12,
                 cores=plan_cores(),
+                engine=engine,
             )
             prepare(placement)
             extra = {
-                "recipe": "tiny: 4 prompts x 4 generations, ~100-token prompts, 32 new tokens, hf rollout engine",
+                "recipe": "tiny: 4 prompts x 4 generations, ~100-token prompts, 32 new tokens, "
+                f"{engine} rollout engine",
                 "pinning": placement.cores["pinning"],
                 "threads": "torch 1 (trainer), OMP_NUM_THREADS=1 (rollout, reward)",
             }
@@ -426,6 +437,7 @@ def main() -> None:
             f"--{name.replace('_', '-')}", type=int, default=getattr(GPU_SHAPE, name)
         )
     parser.add_argument("--weight-transport", default=GPU_SHAPE.weight_transport)
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     args = parser.parse_args()
     shape = dataclasses.replace(
         GPU_SHAPE,
@@ -435,7 +447,7 @@ def main() -> None:
         new_tokens=args.new_tokens,
         weight_transport=args.weight_transport,
     )
-    results = run(quick=args.quick, gpu_shape=shape, force_cpu=args.cpu)
+    results = run(quick=args.quick, gpu_shape=shape, force_cpu=args.cpu, engine=args.engine)
     if args.record:
         from rlfleet_core.bench import record
 

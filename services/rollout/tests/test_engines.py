@@ -349,3 +349,28 @@ async def test_openai_client_models_chat_completions_responses(harness: Harness)
             model="gpt-9",
             messages=[{"role": "user", "content": "x"}],
         )
+
+
+async def test_openai_completions_ignore_eos(harness: Harness) -> None:
+    """vLLM's `ignore_eos` extra parameter is a known field of the completions body: it
+    runs the sample to max_tokens, and a value that is no boolean is refused naming it
+    (before, the body's extra fields were ignored whatever they held)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{harness.http_port}/v1", api_key="unused")
+
+    def run(ignore_eos: Any) -> Any:
+        return client.completions.create(
+            model="tiny",
+            prompt="<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n",
+            max_tokens=40,
+            temperature=0,
+            extra_body={"ignore_eos": ignore_eos},
+        ).choices[0]
+
+    forced = await asyncio.to_thread(run, True)
+    assert forced.finish_reason == "length"
+    assert len((forced.model_extra or {})["generation_token_ids"]) == 40
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        await asyncio.to_thread(run, "maybe")
+    assert "ignore_eos" in info.value.response.text

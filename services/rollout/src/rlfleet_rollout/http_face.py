@@ -37,6 +37,8 @@ class _Body(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
+    ignore_eos: bool = False
+    """vLLM's extra sampling parameter: generate max_tokens even past end-of-sequence."""
 
 
 class CompletionBody(_Body):
@@ -136,6 +138,7 @@ class OpenAIFace:
             top_k=getattr(body, "top_k", -1),
             stop=stops,
             seed=getattr(body, "seed", None),
+            ignore_eos=bool(getattr(body, "ignore_eos", False)),
         )
         request = GenerateInput(
             request_id=f"http-{uuid.uuid4().hex[:16]}",

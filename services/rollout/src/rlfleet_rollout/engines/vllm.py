@@ -11,9 +11,10 @@ gives sample i the seed `seed + i`.
 In-flight weight update (NeMo-RL's recipe, with vLLM's own pause):
 1. stop admitting new requests here (they wait in `generate`, so they start under the
    new weights and report the new version);
-2. `pause_generation(mode="keep")`: requests in flight freeze with their KV cache;
+2. pause with mode "keep" (`vllm_compat.pause`): requests in flight freeze with their
+   KV cache;
 3. weights reach the workers (`collective_rpc`: a broadcast over the weight group, or
-   the tensors themselves) and load with `reload_weights`;
+   the tensors themselves) and load (`vllm_worker._reload`);
 4. bump the version, then `reset_prefix_cache` (running requests are preempted and
    recomputed if `recompute_kv_cache`);
 5. resume.
@@ -42,7 +43,7 @@ from typing import Any
 from rlfleet_core.errors import FailedPrecondition, Unavailable
 
 from rlfleet_rollout.config import RolloutServiceConfig
-from rlfleet_rollout.engines import vllm_worker
+from rlfleet_rollout.engines import vllm_compat, vllm_worker
 from rlfleet_rollout.engines.requests import sample_sampling, token_budget
 from rlfleet_rollout.engines.updates import UpdateAborted, check_or_drain
 from rlfleet_rollout.types import (
@@ -129,9 +130,11 @@ class VllmEngine:
 
     def _build(self) -> Any:
         import torch
+        import vllm
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        vllm_compat.check_version(vllm.__version__)
         cfg = self.config.engine_config
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
@@ -173,7 +176,7 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ generation
 
-    def _params(self, s: SamplingConfig, prompt_len: int, want_text: bool) -> Any:
+    def _params(self, s: SamplingConfig, prompt_len: int) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -190,7 +193,10 @@ class VllmEngine:
             seed=s.seed,
             repetition_penalty=s.repetition_penalty if s.repetition_penalty > 0 else 1.0,
             logprobs=0,
-            detokenize=want_text or bool(s.stop),
+            # Stop strings need vLLM's incremental detokenizer; text alone is decoded once,
+            # when the sample is done (per step, detokenizing 256 samples cost the front end
+            # more than an H100's decode step).
+            detokenize=bool(s.stop),
             skip_special_tokens=True,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -232,7 +238,7 @@ class VllmEngine:
 
         start = time.perf_counter()
         sampling = sample_sampling(request, index)
-        params = self._params(sampling, len(request.prompt_token_ids), request.return_text)
+        params = self._params(sampling, len(request.prompt_token_ids))
         prompt = TokensPrompt(
             prompt_token_ids=list(request.prompt_token_ids), cache_salt=f"w{version}"
         )
@@ -270,10 +276,17 @@ class VllmEngine:
                 weight_version_first=version,
                 weight_version_last=self._version,
                 generation_time_s=time.perf_counter() - start,
-                text=completion.text if completion is not None and request.return_text else "",
+                text=self._text(completion, tokens, bool(sampling.stop))
+                if request.return_text
+                else "",
                 replica=self.replica,
             )
         )
+
+    def _text(self, completion: Any, tokens: list[int], detokenized: bool) -> str:
+        if detokenized:  # vLLM's text ends before the stop string; the ids may not
+            return str(completion.text) if completion is not None else ""
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True)) if tokens else ""
 
     async def abort(self, request_id: str) -> None:
         for task in self._tasks.get(request_id, []):
@@ -326,8 +339,10 @@ class VllmEngine:
                 ),
             )
             self._admit.clear()
-            mode = "keep" if self.config.in_flight_weight_updates else "wait"
-            await self.llm.pause_generation(mode=mode, clear_cache=False)
+            if self.config.in_flight_weight_updates:
+                await vllm_compat.pause(self.llm, "keep")
+            else:  # vLLM's own call: its short wait lets finished samples report first
+                await self.llm.pause_generation(mode="wait", clear_cache=False)
             paused = time.perf_counter()
             try:
                 sizes = await self._load(update)

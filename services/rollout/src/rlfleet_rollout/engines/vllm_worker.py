@@ -9,11 +9,15 @@ weights factory) is kept on the worker object: it must outlive one call.
 Loading goes through `model_runner.reload_weights(weights_iterator=...,
 is_checkpoint_format=True)`: it maps HF checkpoint names onto vLLM's fused and (on CPU)
 repacked parameters. `model.load_weights` directly fails on the CPU backend, and
-`reload_weights(weights_path=...)` was measured to give silently wrong logits.
+`reload_weights(weights_path=...)` was measured to give silently wrong logits. On CUDA,
+an unquantized model loads with `model.load_weights` (see `_direct_load`): same mapping,
+without the layerwise re-materialisation.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from rlfleet_proto.v1 import rollout_pb2
@@ -21,14 +25,39 @@ from rlfleet_weights.factory import make_group_receiver
 from rlfleet_weights.plan import BucketPlan, plan_buckets
 
 _RECEIVER_ATTR = "_rlfleet_weight_receiver"
+logger = logging.getLogger("vllm.rlfleet_worker")
+"""Under vLLM's logger: the engine-core process has vLLM's log handler, not ours."""
 
 
 def _reload(worker: Any, weights: list[tuple[str, Any]]) -> None:
+    if _direct_load(worker):
+        # Unquantized model on a GPU: the model's own weight loaders copy each checkpoint
+        # tensor into the live (fused) parameters, in place (CUDA graphs stay valid). The
+        # layerwise reload below re-materialises every layer first: measured 55-87 ms per
+        # update for 135M-1B models on an H100, against a few ms for this.
+        worker.model_runner.get_model().load_weights(weights)
+        return
     reload = getattr(worker, "reload_weights", None)
     if reload is not None:
         reload(weights_iterator=weights, is_checkpoint_format=True)
     else:
         worker.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+
+
+def _direct_load(worker: Any) -> bool:
+    """`model.load_weights` is right for an unquantized model on CUDA; on the CPU backend
+    (weights repacked after loading) and for quantized models only `reload_weights` is.
+    RLFLEET_VLLM_RELOAD=1 forces `reload_weights`."""
+    import os
+
+    device = getattr(worker, "device", None)
+    config = getattr(getattr(worker, "model_runner", None), "model_config", None)
+    return (
+        getattr(device, "type", "") == "cuda"
+        and config is not None
+        and getattr(config, "quantization", None) is None
+        and os.environ.get("RLFLEET_VLLM_RELOAD") != "1"
+    )
 
 
 def join_weight_group(
@@ -77,13 +106,22 @@ def load_from_group(worker: Any, encoded_plan: bytes) -> int | str:
     receiver = getattr(worker, _RECEIVER_ATTR, None)
     if receiver is None:
         raise RuntimeError("no weight group on this worker: call InitWeightTransfer first")
+    start = time.perf_counter()
     try:
         weights = list(receiver.receive_tensors(plan))
     except Exception:
         receiver.close()
         setattr(worker, _RECEIVER_ATTR, None)
         raise
-    return _reload_or_error(worker, weights, plan.total_bytes)
+    received = time.perf_counter()
+    result = _reload_or_error(worker, weights, plan.total_bytes)
+    logger.info(
+        "rlfleet weights: received %d bytes in %.2f ms, reload_weights %.2f ms",
+        plan.total_bytes,
+        (received - start) * 1e3,
+        (time.perf_counter() - received) * 1e3,
+    )
+    return result
 
 
 def _reload_or_error(worker: Any, weights: list[tuple[str, Any]], nbytes: int) -> int | str:
