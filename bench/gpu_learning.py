@@ -169,6 +169,25 @@ def plot(result: dict[str, Any], path: Path, device: str) -> None:
     fig.savefig(path)
 
 
+def run(quick: bool = False) -> list[Any]:
+    """`rlfleet bench gpu-learning`: held-out accuracy after GRPO vs before, same run (needs
+    two CUDA GPUs, CUDA vLLM and SmolLM2-135M-Instruct; bench/gpu_vllm.sh)."""
+    import torch
+    from rlfleet_core.bench import BenchResult
+
+    if torch.cuda.device_count() < 2:
+        raise RuntimeError("gpu-learning needs two CUDA GPUs and CUDA vLLM; see bench/gpu_vllm.sh")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_vllm import device_name
+
+    args = argparse.Namespace(steps=10 if quick else 40, prompts=16, generations=16,
+                              new_tokens=24, val_prompts=64, lr=3e-5, cpu=False, out=Path("."))  # fmt: skip
+    result = asyncio.run(learn(args))
+    (_, first), (_, last) = result["curve"][0], result["curve"][-1]
+    return [BenchResult("gpu-learning", "heldout_accuracy", last, "fraction", first,
+                        target=None, device=device_name(), extra=result)]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)

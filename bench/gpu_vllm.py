@@ -318,6 +318,45 @@ def table(rows: list[dict[str, Any]], device: str) -> str:
     return "\n".join(lines)
 
 
+def results(rows: list[dict[str, Any]], device: str) -> list[Any]:
+    """The rows as `rlfleet bench` results: each ratio against its baseline, same run."""
+    from rlfleet_core.bench import BenchResult
+
+    out = []
+    for r in rows:
+        if r["part"] == "throughput" and r.get("vs_best_vllm"):
+            value = float(r["tokens_per_s"])
+            out.append(BenchResult("gpu-vllm", f"tok_s_{r['path']}", value, "tok/s",
+                                   value / float(r["vs_best_vllm"]), target=0.95,
+                                   device=device, extra=r))  # fmt: skip
+        elif r["part"] == "sync":
+            out.append(BenchResult("gpu-vllm", f"update_ms_{r['model']}", float(r["update_ms"]),
+                                   "ms", float(r["bare_ms"]), target=0.9,
+                                   higher_is_better=False, device=device, extra=r))  # fmt: skip
+        elif r["part"] == "inflight":
+            out.append(BenchResult("gpu-vllm", "inflight_update_ok", float(bool(r["ok"])), "bool",
+                                   1.0, target=1.0, device=device, extra=r))  # fmt: skip
+    return out
+
+
+def run(quick: bool = False) -> list[Any]:
+    """`rlfleet bench gpu-vllm`: needs two CUDA GPUs and CUDA vLLM (bench/gpu_vllm.sh)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        raise RuntimeError("gpu-vllm needs two CUDA GPUs and CUDA vLLM; see bench/gpu_vllm.sh")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    args = argparse.Namespace(
+        parts="throughput,inflight,sync",
+        models="smollm2-135m" if quick else "smollm2-135m,llama-1b",
+        repeats=3 if quick else 5,
+        cpu=False,
+        work="/tmp/gpu-vllm",
+    )
+    return results(asyncio.run(main_async(args)), device_name())
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
         asyncio.run(serve(sys.argv[2:]))
