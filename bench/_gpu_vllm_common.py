@@ -18,29 +18,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlfleet_trainer import model_shapes
+
 REPO = Path(__file__).resolve().parents[1]
 
-SMOLLM2_135M_V512: dict[str, Any] = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=512,
-    tie_word_embeddings=True,
-)
+SMOLLM2_135M_V512: dict[str, Any] = {**model_shapes.SMOLLM2_135M, "vocab_size": 512}
 """SmolLM2-135M's body over the tiny 512-token vocabulary (~106M parameters): the shape
 that ../shared/gpu's smoke run and bench/grpo.py's GPU placement generate with."""
 
-CPU_SHAPE: dict[str, Any] = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    tie_word_embeddings=False,
-)
+CPU_SHAPE: dict[str, Any] = model_shapes.SMOKE
 """A CPU-sized stand-in for the GPU shapes (--cpu: a check of the script, not a number)."""
 
 
@@ -200,6 +186,12 @@ async def direct_asyncllm(llm: Any, cfg: dict[str, Any]) -> dict[str, Any]:
             child.n, child.seed = 1, 1 + j
             counts.append(one_request(prompt, child, f"direct-{tag}-{i}#{j}"))
         return sum(await asyncio.gather(*counts))
+
+    return await rounds(cfg, one)
+
+
+async def rounds(cfg: dict[str, Any], one: Any) -> dict[str, Any]:
+    """A warm-up round, then `repeats` timed rounds of every prompt at once through `one`."""
 
     async def round_(max_tokens: int, tag: str) -> tuple[int, float]:
         start = time.perf_counter()

@@ -169,6 +169,9 @@ def plot(result: dict[str, Any], path: Path, device: str) -> None:
     fig.savefig(path)
 
 
+DESCRIPTION = "GRPO learning curve on 2 GPUs (vllm engine): held-out accuracy after vs before"
+
+
 def run(quick: bool = False) -> list[Any]:
     """`rlfleet bench gpu-learning`: held-out accuracy after GRPO vs before, same run (needs
     two CUDA GPUs, CUDA vLLM and SmolLM2-135M-Instruct; bench/gpu_vllm.sh)."""

@@ -47,6 +47,7 @@ from _gpu_vllm_common import (
     CPU_SHAPE,
     SMOLLM2_135M_V512,
     Service,
+    rounds,
     serve,
     service_overrides,
     write_model,
@@ -148,7 +149,7 @@ async def grpc_rates(svc: Service, cfg: dict[str, Any]) -> dict[str, Any]:
             )
             return sum([len(r.token_ids) async for r in stub.Generate(request)])
 
-        return await _rounds(cfg, one)
+        return await rounds(cfg, one)
 
 
 async def http_rates(svc: Service, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -174,23 +175,7 @@ async def http_rates(svc: Service, cfg: dict[str, Any]) -> dict[str, Any]:
             reply.raise_for_status()
             return int(reply.json()["usage"]["completion_tokens"])
 
-        return await _rounds(cfg, one)
-
-
-async def _rounds(cfg: dict[str, Any], one: Any) -> dict[str, Any]:
-    async def round_(max_tokens: int, tag: str) -> tuple[int, float]:
-        start = time.perf_counter()
-        counts = await asyncio.gather(
-            *(one(i, p, max_tokens, tag) for i, p in enumerate(cfg["prompts"]))
-        )
-        return sum(counts), time.perf_counter() - start
-
-    await round_(8, "warm")
-    rates, tokens = [], 0
-    for r in range(cfg["repeats"]):
-        tokens, elapsed = await round_(cfg["max_tokens"], str(r))
-        rates.append(tokens / elapsed)
-    return {"rates": rates, "tokens": tokens}
+        return await rounds(cfg, one)
 
 
 async def throughput(
@@ -337,6 +322,12 @@ def results(rows: list[dict[str, Any]], device: str) -> list[Any]:
             out.append(BenchResult("gpu-vllm", "inflight_update_ok", float(bool(r["ok"])), "bool",
                                    1.0, target=1.0, device=device, extra=r))  # fmt: skip
     return out
+
+
+DESCRIPTION = (
+    "vllm engine on 2 GPUs: service tok/s vs LLM.generate, in-flight NCCL update, weight sync "
+    "vs a bare NCCL broadcast"
+)
 
 
 def run(quick: bool = False) -> list[Any]:
