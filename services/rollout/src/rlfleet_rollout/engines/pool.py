@@ -161,6 +161,13 @@ class ReplicaPool:
 
         t0 = time.perf_counter()
         if not ray.is_initialized():
+            # Ray waits only 30 s for its GCS server to bind a port, a hidden deadline
+            # tighter than ours: on a loaded 2-core CI box it ran out (ray.init raised
+            # "Timed out waiting for file .../gcs_server_port_..."). ray_start_timeout_s
+            # bounds the whole start; an operator's own setting is kept.
+            os.environ.setdefault(
+                "RAY_gcs_server_port_wait_time_s", str(int(self.config.ray_start_timeout_s))
+            )
             await asyncio.to_thread(
                 ray.init,
                 num_cpus=self.config.ray_num_cpus,
