@@ -197,14 +197,11 @@ async def inflight(svc: Service, model_dir: Path, dtype: str, gpu: bool) -> dict
 def _bare(params: dict[str, Any], plan: Any, repeats: int, gpu: bool, env: dict[str, str]) -> float:
     """Median seconds of the faster schedule (1 or 2 broadcasts in flight) for a bare
     broadcast of the plan's bucket sizes, this process (rank 0) -> a child on GPU 1."""
-    import socket
-
     import torch
+    from rlfleet_pipeline.fleet import free_port
     from rlfleet_weights.collective import GroupSpec, WeightGroup
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     sizes = [b.nbytes for b in plan.buckets]
     backend = "nccl" if gpu else "gloo"
     child = subprocess.Popen(

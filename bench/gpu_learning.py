@@ -59,6 +59,7 @@ async def learn(args: Any) -> dict[str, Any]:
     from rlfleet_core.client import wait_for_serving
     from rlfleet_core.config import load_config
     from rlfleet_core.models import resolve_model
+    from rlfleet_pipeline.fleet import free_port
     from rlfleet_trainer import testing
     from rlfleet_trainer.loop import run_grpo
     from rlfleet_trainer.run import build_context
@@ -68,10 +69,7 @@ async def learn(args: Any) -> dict[str, Any]:
     model = resolve_model("smollm2-135m-instruct")
     testing.DoubleReward.reward = staticmethod(exact_last_integer)  # type: ignore[method-assign]
     run_dir = Path(tempfile.mkdtemp(prefix="gpu-learning-"))
-    port = 0
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     engine = [
         "engine=vllm",
         f"model={model}",
