@@ -168,13 +168,7 @@ class ReplicaPool:
             os.environ.setdefault(
                 "RAY_gcs_server_port_wait_time_s", str(int(self.config.ray_start_timeout_s))
             )
-            await asyncio.to_thread(
-                ray.init,
-                num_cpus=self.config.ray_num_cpus,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            await self._init_ray(ray)
             self._owns_ray = True
         self._ray_up = True
         t1 = time.perf_counter()
@@ -209,6 +203,36 @@ class ReplicaPool:
             t1 - t0,
             time.perf_counter() - t1,
         )
+
+    async def _init_ray(self, ray: Any) -> None:
+        """`ray.init`, tried again while `ray_start_timeout_s` lasts. Ray gives its raylet a
+        fixed 30 s to register with the GCS (not configurable); on a loaded 2-core CI box
+        that ran out ("The current node timed out during startup"). A second try on a
+        clean slate starts in seconds; the outer deadline still bounds the whole start."""
+        deadline = time.monotonic() + self.config.ray_start_timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await asyncio.to_thread(
+                    ray.init,
+                    num_cpus=self.config.ray_num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+                return
+            except Exception as exc:
+                await asyncio.to_thread(ray.shutdown)
+                left = deadline - time.monotonic()
+                if "timed out" not in str(exc) or left < 10:
+                    raise
+                logger.warning(
+                    "ray.init attempt %d failed (%s); trying again (%.0f s left)",
+                    attempt,
+                    exc,
+                    left,
+                )
 
     async def stop(self) -> None:
         await self._teardown()
