@@ -1,0 +1,46 @@
+"""One shared cache folder for every process a launcher starts: `RLFLEET_CACHE_DIR`.
+
+Unset (the default), nothing changes: each tool keeps its own default cache. Set, it is
+the root of every cache that is slow to refill, so that the services, the trainer and
+later runs (or other nodes, on a shared filesystem) reuse one copy:
+
+    $RLFLEET_CACHE_DIR/models        rlfleet's converted models (rlfleet_core.models)
+    $RLFLEET_CACHE_DIR/huggingface   HF_HOME: hub downloads (model weights), datasets
+    $RLFLEET_CACHE_DIR/torchinductor TORCHINDUCTOR_CACHE_DIR: torch.compile kernels
+    $RLFLEET_CACHE_DIR/triton        TRITON_CACHE_DIR: compiled Triton kernels
+    $RLFLEET_CACHE_DIR/vllm          VLLM_CACHE_ROOT: vLLM's compile cache
+    $RLFLEET_CACHE_DIR/uv            UV_CACHE_DIR: uv's wheel cache
+
+A variable the caller set explicitly wins over the derived one (HF_HOME=/fast/hf with
+RLFLEET_CACHE_DIR=/shared keeps the hub cache on /fast/hf).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+CACHE_DIR_ENV = "RLFLEET_CACHE_DIR"
+
+CACHE_SUBDIRS = {
+    "HF_HOME": "huggingface",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TRITON_CACHE_DIR": "triton",
+    "VLLM_CACHE_ROOT": "vllm",
+    "UV_CACHE_DIR": "uv",
+}
+"""Variable -> folder under RLFLEET_CACHE_DIR."""
+
+
+def cache_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to `env` so that its processes share RLFLEET_CACHE_DIR's
+    caches: {} when RLFLEET_CACHE_DIR is unset or empty; never a variable `env` has."""
+    root = env.get(CACHE_DIR_ENV, "").strip()
+    if not root:
+        return {}
+    base = Path(root).expanduser().absolute()
+    added = {CACHE_DIR_ENV: str(base)}
+    for var, sub in CACHE_SUBDIRS.items():
+        if not env.get(var, "").strip():
+            added[var] = str(base / sub)
+    return added
