@@ -37,6 +37,13 @@ def serve(
         ),
     ] = None,
     host: Annotated[str | None, typer.Option(help="Bind address.  [default: 127.0.0.1]")] = None,
+    port_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Once bound, write the bound ports here as JSON {grpc, http, pid} "
+            "(atomically): with --port 0, how a launcher learns them without a race."
+        ),
+    ] = None,
     engine: Annotated[
         str | None,
         typer.Option(help="rollout: generation engine, vllm or hf (same as engine=...)."),
@@ -62,7 +69,13 @@ def serve(
             f"{key}={value}" for key, value in (("engine", engine), ("model", model)) if value
         ]
         cfg = load_service_config(
-            definition, config, [*(overrides or []), *shortcuts], port, http_port, host
+            definition,
+            config,
+            [*(overrides or []), *shortcuts],
+            port,
+            http_port,
+            host,
+            None if port_file is None else str(port_file),
         )
     except ServiceNotFound as exc:
         raise fail(str(exc)) from None
