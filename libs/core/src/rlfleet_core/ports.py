@@ -27,6 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class PortFileError(RuntimeError):
@@ -67,7 +68,7 @@ def read_port_file(path: str | Path) -> BoundPorts | None:
 
 def wait_for_port_file(
     path: str | Path,
-    process: subprocess.Popen[bytes] | None = None,
+    process: subprocess.Popen[Any] | None = None,
     timeout_s: float = 120.0,
     poll_s: float = 0.02,
 ) -> BoundPorts:
