@@ -184,3 +184,25 @@ def test_services_get_the_shared_cache_folder(
     assert seen["UV_CACHE_DIR"] == str(cache / "uv")
     assert seen["TRITON_CACHE_DIR"] == "/mine/triton"
     assert "HF_HOME" not in os.environ  # restored by stop()
+
+
+def test_a_profile_cache_dir_is_the_runs_cache_folder_unless_the_env_names_one(
+    tmp_path: Path,
+) -> None:
+    from rlfleet_pipeline.caches import cache_env, use_cache_dir
+    from rlfleet_pipeline.launch.compose import ComposeStack
+    from rlfleet_pipeline.launch.profiles import LocalProfile, load_profile
+
+    env_toml = tmp_path / "env.toml"
+    env_toml.write_text('[local]\nlauncher = "local"\ncache_dir = "shared/cache"\n')
+    profile = load_profile("local", env_toml)
+    assert isinstance(profile, LocalProfile) and profile.cache_dir == "shared/cache"
+    env: dict[str, str] = {}
+    use_cache_dir(profile.cache_dir, env)
+    assert env == {CACHE_DIR_ENV: str(Path("shared/cache").absolute())}
+    mine = {CACHE_DIR_ENV: "/mine"}
+    use_cache_dir(profile.cache_dir, mine)
+    assert mine == {CACHE_DIR_ENV: "/mine"}
+    assert cache_env({}) == {}  # unset: every tool keeps its own default
+    compose = ComposeStack(tmp_path / "compose.yaml", "p", mine).process_env()
+    assert compose["HF_HOME"] == "/mine/huggingface" and compose["UV_CACHE_DIR"] == "/mine/uv"

@@ -12,12 +12,21 @@ later runs (or other nodes, on a shared filesystem) reuse one copy:
     $RLFLEET_CACHE_DIR/uv            UV_CACHE_DIR: uv's wheel cache
 
 A variable the caller set explicitly wins over the derived one (HF_HOME=/fast/hf with
-RLFLEET_CACHE_DIR=/shared keeps the hub cache on /fast/hf).
+RLFLEET_CACHE_DIR=/shared keeps the hub cache on /fast/hf). The same folder can come from
+the run profile (`cache_dir` in env.toml's [local] / [compose] table; `use_cache_dir`);
+RLFLEET_CACHE_DIR in the environment wins over it.
+
+Who passes it on: the local fleet sets these variables in its own process while it runs,
+so its services and the trainer started beside them inherit them; `ComposeStack` passes
+them to `docker compose` (for compose.yaml to mount). A SLURM job script should export
+RLFLEET_CACHE_DIR (on a shared filesystem) and the five variables `cache_env` derives
+from it before each `srun`, and mount the folder into each container.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 CACHE_DIR_ENV = "RLFLEET_CACHE_DIR"
@@ -44,3 +53,9 @@ def cache_env(env: Mapping[str, str]) -> dict[str, str]:
         if not env.get(var, "").strip():
             added[var] = str(base / sub)
     return added
+
+
+def use_cache_dir(cache_dir: str | None, env: MutableMapping[str, str] = os.environ) -> None:
+    """Make a profile's `cache_dir` this run's RLFLEET_CACHE_DIR, unless one is set."""
+    if cache_dir and not env.get(CACHE_DIR_ENV, "").strip():
+        env[CACHE_DIR_ENV] = str(Path(cache_dir).expanduser().absolute())

@@ -58,6 +58,7 @@ def rl(
     brings them down again (see docs/containers.md).
     """
     from rich.markup import escape
+    from rlfleet_pipeline.caches import use_cache_dir
     from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, load_profile
     from rlfleet_pipeline.recipes import load_recipe
     from rlfleet_pipeline.stage import (
@@ -91,6 +92,8 @@ def rl(
         out.print("# launch plan")
         out.print(launch_plan(recipe, profile, run_dir, engine), end="", markup=False)
         return
+    if isinstance(profile, LocalProfile | ComposeProfile):
+        use_cache_dir(profile.cache_dir)  # the fleet and the trainer inherit it
     if isinstance(profile, ComposeProfile):
         try:
             code = run_compose(

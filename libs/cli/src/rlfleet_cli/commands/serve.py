@@ -91,7 +91,13 @@ def up(
     run_dir: Annotated[Path, typer.Option(help="Where service logs go.")] = Path("runs/up"),
 ) -> None:
     """Start services locally on free loopback ports, print their addresses and the path
-    of their auth token, and keep them running until Ctrl-C (then stop them gracefully)."""
+    of their auth token, and keep them running until Ctrl-C (then stop them gracefully).
+
+    Every service binds port 0 itself and reports the port it got (no pick-then-bind
+    race); all start at once. The start-up report (seconds to bind and to SERVING per
+    service) is printed and written to <run-dir>/startup.json. With RLFLEET_CACHE_DIR
+    set, every service shares the model and compiled-kernel caches under it
+    (docs/architecture.md, "Local fleet")."""
     import threading
 
     from rlfleet_pipeline.fleet import FleetError, LocalFleet
@@ -101,7 +107,11 @@ def up(
         signal.signal(sig, lambda *_: stop.set())
     try:
         with err.status("starting services..."):
-            fleet = LocalFleet([s.strip() for s in services.split(",") if s.strip()], run_dir)
+            fleet = LocalFleet(
+                [s.strip() for s in services.split(",") if s.strip()],
+                run_dir,
+                say=lambda line: err.print(line, markup=False, highlight=False),
+            )
             fleet.start()
     except FleetError as exc:
         raise fail(str(exc), code=1) from None
