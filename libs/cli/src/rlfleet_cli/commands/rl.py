@@ -56,6 +56,10 @@ def rl(
     --run compose starts the stage's services from deploy/compose/compose.yaml
     (`docker compose up --wait`), trains on this host against their published ports and
     brings them down again (see docs/containers.md).
+
+    Locally the services start in parallel on ports they bind themselves; their start-up
+    times are printed and written to <out>/startup.json. RLFLEET_CACHE_DIR (or cache_dir
+    in the env.toml profile) shares the model and compiled-kernel caches of every process.
     """
     from rich.markup import escape
     from rlfleet_pipeline.caches import use_cache_dir

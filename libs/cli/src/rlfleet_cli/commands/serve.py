@@ -97,7 +97,7 @@ def up(
     race); all start at once. The start-up report (seconds to bind and to SERVING per
     service) is printed and written to <run-dir>/startup.json. With RLFLEET_CACHE_DIR
     set, every service shares the model and compiled-kernel caches under it
-    (docs/architecture.md, "Local fleet")."""
+    (docs/architecture.md, "The local fleet")."""
     import threading
 
     from rlfleet_pipeline.fleet import FleetError, LocalFleet
