@@ -198,10 +198,10 @@ def _bare(params: dict[str, Any], plan: Any, repeats: int, gpu: bool, env: dict[
     """Median seconds of the faster schedule (1 or 2 broadcasts in flight) for a bare
     broadcast of the plan's bucket sizes, this process (rank 0) -> a child on GPU 1."""
     import torch
-    from rlfleet_pipeline.fleet import free_port
+    from rlfleet_core.ports import pick_free_port
     from rlfleet_weights.collective import GroupSpec, WeightGroup
 
-    port = free_port()
+    port = pick_free_port()  # the rendezvous port: both ranks need it in advance
     sizes = [b.nbytes for b in plan.buckets]
     backend = "nccl" if gpu else "gloo"
     child = subprocess.Popen(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet_core.bench import BenchResult, percentile
+from rlfleet_core.ports import pick_free_port
 from rlfleet_reward.environments import get_environment
 from rlfleet_reward.types import RowError
 
@@ -61,17 +61,11 @@ def start_all(folder: Path) -> dict[str, Peer]:
     return peers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Peer:
     """One NeMo-Gym server process; `url` is its root (POST {url}/verify)."""
 
     def __init__(self, env: str, log: Path) -> None:
-        port = _free_port()
+        port = pick_free_port()  # the peer takes a number on its command line
         self.url = f"http://127.0.0.1:{port}"
         self.process = subprocess.Popen(
             [os.environ["RLFLEET_NEMO_GYM_PYTHON"], str(SERVE), SERVERS[env], str(port)],

@@ -59,7 +59,7 @@ async def learn(args: Any) -> dict[str, Any]:
     from rlfleet_core.client import wait_for_serving
     from rlfleet_core.config import load_config
     from rlfleet_core.models import resolve_model
-    from rlfleet_pipeline.fleet import free_port
+    from rlfleet_core.ports import wait_for_port_file
     from rlfleet_trainer import testing
     from rlfleet_trainer.loop import run_grpo
     from rlfleet_trainer.run import build_context
@@ -69,7 +69,7 @@ async def learn(args: Any) -> dict[str, Any]:
     model = resolve_model("smollm2-135m-instruct")
     testing.DoubleReward.reward = staticmethod(exact_last_integer)  # type: ignore[method-assign]
     run_dir = Path(tempfile.mkdtemp(prefix="gpu-learning-"))
-    port = free_port()
+    port_file = run_dir / "rollout.ports.json"
     engine = [
         "engine=vllm",
         f"model={model}",
@@ -81,7 +81,7 @@ async def learn(args: Any) -> dict[str, Any]:
     env = {"CUDA_VISIBLE_DEVICES": "1"} if gpu else {}
     async with contextlib.AsyncExitStack() as stack:
         rollout = spawn_python(
-            ["-m", "rlfleet_rollout", "--port", str(port), *engine],
+            ["-m", "rlfleet_rollout", "--port", "0", "--port-file", str(port_file), *engine],
             None,
             env,
             stdout=subprocess.DEVNULL,
@@ -89,6 +89,7 @@ async def learn(args: Any) -> dict[str, Any]:
         )
         stack.callback(stop_process, rollout)
         _, reward_target, _, _ = await stack.enter_async_context(serve_doubles(model))
+        port = (await asyncio.to_thread(wait_for_port_file, port_file, rollout, 600.0)).grpc
         await wait_for_serving(f"127.0.0.1:{port}", timeout_s=600.0)
         recipe = load_config(
             RecipeConfig,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 for src in ("libs/proto", "libs/core", "libs/weights", "services/trainer"):
     sys.path.insert(0, str(REPO / src / "src"))
 
+from rlfleet_core.ports import pick_free_port  # noqa: E402
 from rlfleet_trainer.model_shapes import LLAMA_1B, LLAMA_3B, SMOLLM2_135M  # noqa: E402
 
 DESCRIPTION = "NCCL weight broadcast GB/s between two GPUs vs a bare ProcessGroupNCCL broadcast"
@@ -102,12 +102,6 @@ def worker(rank: int, port: int, models: list[str], repeats: int, bucket_bytes: 
     group.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure(argv: list[str] | None = None) -> list[Any]:
     """Both sides measured in one run; returns BenchResults (not yet recorded)."""
     from rlfleet_core.bench import BenchResult, describe_device
@@ -122,7 +116,7 @@ def measure(argv: list[str] | None = None) -> list[Any]:
     models = args.models.split(",")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    port = pick_free_port()  # the rendezvous port: both ranks need it in advance
     procs = [
         ctx.Process(
             target=worker, args=(r, port, models, args.repeats, args.bucket_mb << 20, queue)

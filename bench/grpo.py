@@ -43,7 +43,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -54,6 +53,7 @@ from typing import Any
 from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.bench import BenchResult
 from rlfleet_core.models import resolve_model
+from rlfleet_core.ports import wait_for_port_file
 from rlfleet_trainer.model_shapes import SMOLLM2_135M, random_model
 from rlfleet_trainer.testing import spawn_python, stop_process
 
@@ -208,12 +208,6 @@ def pin_this_process(cores: set[int]) -> None:
             os.sched_setaffinity(int(tid), cores)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _reward_target(
     stack: contextlib.AsyncExitStack, placement: Placement, core: int | None, own_process: bool
 ) -> str:
@@ -248,10 +242,11 @@ async def measure_mode(
     steps, cores = placement.steps, placement.cores
     side_core = cores.get("rollout_core")
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-grpo-age{age}-"))
-    port = _free_port()
+    port_file = run_dir / "rollout.ports.json"
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, run_dir, ignore_errors=True)
-        args = ["-m", "rlfleet_rollout", "--port", str(port), f"engine={placement.engine}"]
+        args = ["-m", "rlfleet_rollout", "--port", "0", "--port-file", str(port_file)]
+        args.append(f"engine={placement.engine}")
         # The rollout's log goes to stderr on GPU (a failure there must be readable).
         quiet = None if placement.gpu else subprocess.DEVNULL
         rollout = spawn_python(
@@ -263,6 +258,8 @@ async def measure_mode(
         )
         stack.callback(stop_process, rollout)
         reward_target = await _reward_target(stack, placement, side_core, reward_process)
+        bound = await asyncio.to_thread(wait_for_port_file, port_file, rollout, 300.0)
+        port = bound.grpc
         await wait_for_serving(f"127.0.0.1:{port}", timeout_s=300.0)
         recipe = _recipe(placement, f"127.0.0.1:{port}", reward_target, age, WARMUP_STEPS + steps)
         rows = prompts(placement.shape.prompt_repeats)

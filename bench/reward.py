@@ -26,7 +26,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import grpc
 from grpc import aio
 from rlfleet_core.bench import BenchResult, percentile
 from rlfleet_core.client import check_health
+from rlfleet_core.ports import wait_for_port_file
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.environments import get_environment
 from rlfleet_reward.types import RowError, Sample
@@ -249,23 +249,20 @@ async def http_load(
         return len(items) / (time.perf_counter() - start), latencies
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_gateway(log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    port, http_port = _free_port(), _free_port()
+    port_file = log.with_suffix(".ports.json")
+    port_file.unlink(missing_ok=True)
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "rlfleet_reward",
             "--port",
-            str(port),
+            "0",
             "--http-port",
-            str(http_port),
+            "0",
+            "--port-file",
+            str(port_file),
             "environments=[math,structured_outputs]",
             "server.max_timeout_s=120",
         ],
@@ -273,7 +270,12 @@ def start_gateway(log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    target = f"127.0.0.1:{port}"
+    try:
+        ports = wait_for_port_file(port_file, process, timeout_s=180)
+    except RuntimeError as exc:
+        process.kill()
+        raise RuntimeError(f"gateway {exc}: {log.read_text()[-2000:]}") from None
+    target, http_port = f"127.0.0.1:{ports.grpc}", ports.http
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -19,7 +19,6 @@ Sizes: the tiny test model, a synthetic 4-layer Qwen2 (~100 MB) and SmolLM2-135M
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from rlfleet_core.ports import pick_free_port, wait_for_port_file
 
 DESCRIPTION = "weight update latency and GB/s into the rollout service vs a bare gloo broadcast"
 BUCKET_BYTES = 1 << 20
@@ -56,12 +57,6 @@ DEPTHS = (1, 2)
 """Broadcasts in flight in the baseline: 1 (post, wait, next) and 2 (the double-buffered
 schedule `send_weights`/`receive_weights_into` use). The faster of the two is the
 baseline, so pipelining alone cannot lift the ratio."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _synthetic_model(out: Path) -> Path:
@@ -93,7 +88,7 @@ def _bare_gbps(sizes: list[int], repeats: int) -> dict[int, list[float]]:
     import torch
     import torch.distributed as dist
 
-    port = _free_port()
+    port = pick_free_port()  # the store's port: the child needs it in advance
     child = subprocess.Popen(
         [
             sys.executable,
@@ -141,14 +136,16 @@ def _ours(model_dir: Path, state: dict[str, Any], repeats: int) -> list[float]:
     from rlfleet_weights.collective import GroupSpec, WeightGroup, send_weights
     from rlfleet_weights.plan import specs_of
 
-    grpc_port = _free_port()
+    port_file = Path(tempfile.mkdtemp(prefix="bench-weight-sync-")) / "ports.json"
     service = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "rlfleet_rollout",
             "--port",
-            str(grpc_port),
+            "0",
+            "--port-file",
+            str(port_file),
             "engine=hf",
             f"model={model_dir}",
             "engine_config.max_model_len=256",
@@ -159,12 +156,13 @@ def _ours(model_dir: Path, state: dict[str, Any], repeats: int) -> list[float]:
     try:
         import asyncio
 
+        grpc_port = wait_for_port_file(port_file, service, timeout_s=300).grpc
         asyncio.run(wait_for_serving(f"127.0.0.1:{grpc_port}", timeout_s=300))
         channel = grpc.insecure_channel(
             f"127.0.0.1:{grpc_port}", options=[("grpc.max_receive_message_length", 64 << 20)]
         )
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
-        port = _free_port()
+        port = pick_free_port()  # the group's rendezvous, named to the service
         box: dict[str, Any] = {}
         joiner = threading.Thread(
             target=lambda: box.update(group=WeightGroup(GroupSpec("127.0.0.1", port, 2, 0)))

@@ -5,41 +5,55 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rlfleet_core.ports import BoundPorts, PortFileError, wait_for_port_file
 
 REPO = Path(__file__).resolve().parents[1]
 RLFLEET = str(Path(sys.executable).parent / "rlfleet")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def spawn_bound(
+    command: list[str], port_file: Path, timeout_s: float = 180, **popen: Any
+) -> tuple[subprocess.Popen[Any], BoundPorts]:
+    """Start a service `command` (`python -m rlfleet_<svc>` or `rlfleet serve <svc>`, with
+    its flags) on ports it binds itself (`--port 0 --port-file`; add `--http-port 0` to
+    `command` for an HTTP face); returns once it reported them. Never picks a port
+    number for the child to bind: another process could take it first."""
+    port_file.unlink(missing_ok=True)
+    process = subprocess.Popen([*command, "--port", "0", "--port-file", str(port_file)], **popen)
+    try:
+        return process, wait_for_port_file(port_file, process, timeout_s)
+    except PortFileError as exc:
+        process.kill()
+        process.wait(10)
+        pytest.fail(f"{' '.join(command[:4])}: {exc}", pytrace=False)
 
 
 def start_service(
     module: str, args: list[str], log: Path, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """`python -m module --port P args…` on loopback (`env` added to the environment), its
+    """`python -m module --port 0 args…` on loopback (`env` added to the environment), its
     output in `log`; returns once its gRPC health check says SERVING (fails the test with
-    the log's tail otherwise)."""
+    the log's tail otherwise). `ports_of(process)` gives its ports (HTTP with
+    `--http-port 0` in `args`)."""
     import grpc
     from rlfleet_core.client import check_health
 
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", str(port), *args],
+    process, ports = spawn_bound(
+        [sys.executable, "-m", module, *args],
+        log.with_suffix(".ports.json"),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning", **(env or {})},
     )
-    target = f"127.0.0.1:{port}"
+    _ports[process.pid] = ports
+    target = f"127.0.0.1:{ports.grpc}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -52,6 +66,14 @@ def start_service(
         time.sleep(0.2)
     process.kill()
     pytest.fail(f"{module} not SERVING after 120 s: {log.read_text()[-2000:]}")
+
+
+_ports: dict[int, BoundPorts] = {}
+
+
+def ports_of(process: subprocess.Popen[bytes]) -> BoundPorts:
+    """The ports a service started by `start_service` bound."""
+    return _ports[process.pid]
 
 
 def stop_service(process: subprocess.Popen[bytes]) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV, auth_headers, write_token_file
 from rlfleet_core.client import check_health
-from support import RLFLEET, free_port
+from support import RLFLEET, spawn_bound
 
 # One real, cheap method per service (the bytes are a valid empty request message).
 METHODS = {
@@ -36,7 +36,7 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.mark.parametrize("service", list(METHODS))
 def test_refuses_to_start_beyond_loopback_without_a_token(service: str) -> None:
     done = subprocess.run(
-        [RLFLEET, "serve", service, "--host", "0.0.0.0", "--port", str(free_port())],
+        [RLFLEET, "serve", service, "--host", "0.0.0.0", "--port", "0"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -65,25 +65,24 @@ def _wait_serving(port: int, proc: subprocess.Popen[str], timeout_s: float) -> N
 def test_with_a_token_only_health_is_open(service: str, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token = write_token_file(token_file)
-    port, http_port = free_port(), free_port()
-    proc = subprocess.Popen(
+    proc, ports = spawn_bound(
         [
             RLFLEET,
             "serve",
             service,
             "--host",
             "0.0.0.0",
-            "--port",
-            str(port),
             "--http-port",
-            str(http_port),
+            "0",
             *EXTRA_ARGS.get(service, []),
         ],
+        tmp_path / "ports.json",
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         env=_env(**{TOKEN_FILE_ENV: str(token_file)}),
     )
+    port, http_port = ports.grpc, ports.http
     try:
         # check_health runs here without the token (this process's env has none).
         _wait_serving(port, proc, timeout_s=180)

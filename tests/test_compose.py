@@ -41,8 +41,9 @@ import httpx
 import pytest
 from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV, auth_headers, write_token_file
 from rlfleet_core.client import check_health, connect_sync
+from rlfleet_core.ports import pick_free_port
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
-from support import REPO, RLFLEET, ensure_images, free_port, require_docker
+from support import REPO, RLFLEET, ensure_images, require_docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -94,12 +95,13 @@ class Stack:
 
 
 def _ports() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    # Numbers compose publishes: needed before any container exists (pick_free_port's race).
     env, grpc_targets, http_urls = {}, {}, {}
     for service, (grpc_var, http_var) in PORT_VARS.items():
-        env[grpc_var] = str(free_port())
+        env[grpc_var] = str(pick_free_port())
         grpc_targets[service] = f"127.0.0.1:{env[grpc_var]}"
         if http_var:
-            env[http_var] = str(free_port())
+            env[http_var] = str(pick_free_port())
             http_urls[service] = f"http://127.0.0.1:{env[http_var]}"
     return env, grpc_targets, http_urls
 

@@ -26,7 +26,7 @@ import pytest
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 from rlfleet_reward.python_tool import PythonToolSessions, ToolLimits
 from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy
-from support import free_port, start_service, stop_service
+from support import ports_of, start_service, stop_service
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
 
@@ -49,12 +49,11 @@ def _run_services(tmp: Path, sandbox_args: list[str]) -> Iterator[Services]:
             )
         if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
             pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
-        http_port = free_port()
         reward, reward_target = start_service(
             "rlfleet_reward",
             [
                 "--http-port",
-                str(http_port),
+                "0",
                 "environments=[math_with_code]",
                 "pool.workers=1",
                 f"sandbox.target={sandbox_target}",
@@ -62,7 +61,8 @@ def _run_services(tmp: Path, sandbox_args: list[str]) -> Iterator[Services]:
             tmp / "reward.log",
         )
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as client:
+            http = f"http://127.0.0.1:{ports_of(reward).http}"
+            with httpx.Client(base_url=http, timeout=60) as client:
                 yield Services(reward_target, client, sandbox_target)
         finally:
             stop_service(reward)

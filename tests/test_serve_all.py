@@ -6,13 +6,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlfleet_core.client import connect_sync
-from support import RLFLEET, free_port
+from support import RLFLEET, spawn_bound
 
 SERVICES = {
     "trainer": "rlfleet.v1.TrainerService",
@@ -46,23 +47,15 @@ EXTRA_ARGS = {"rollout": ["--engine", "hf", "--model", "tiny"]}
 
 
 @pytest.mark.parametrize("service", list(SERVICES))
-def test_serve_health_and_sigterm(service: str) -> None:
-    port, http_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [
-            RLFLEET,
-            "serve",
-            service,
-            "--port",
-            str(port),
-            "--http-port",
-            str(http_port),
-            *EXTRA_ARGS.get(service, []),
-        ],
+def test_serve_health_and_sigterm(service: str, tmp_path: Path) -> None:
+    proc, ports = spawn_bound(
+        [RLFLEET, "serve", service, "--http-port", "0", *EXTRA_ARGS.get(service, [])],
+        tmp_path / "ports.json",
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    port, http_port = ports.grpc, ports.http
     try:
         assert wait_serving(port, "", timeout_s=180) == "SERVING"
         assert wait_serving(port, SERVICES[service], timeout_s=5) == "SERVING"
@@ -81,13 +74,14 @@ def test_serve_health_and_sigterm(service: str) -> None:
     assert "Traceback" not in stderr
 
 
-def test_port_in_use_fails_fast_with_a_clear_line() -> None:
-    port = free_port()
-    first = subprocess.Popen(
-        [RLFLEET, "serve", "swe-runner", "--port", str(port)],
+def test_port_in_use_fails_fast_with_a_clear_line(tmp_path: Path) -> None:
+    first, ports = spawn_bound(
+        [RLFLEET, "serve", "swe-runner"],
+        tmp_path / "ports.json",
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    port = ports.grpc
     try:
         assert wait_serving(port, "") == "SERVING"
         second = subprocess.run(

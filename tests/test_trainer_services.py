@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from rlfleet_core.client import check_health
-from support import free_port
+from support import spawn_bound
 
 pytest.importorskip("rlfleet_rollout", reason="the rollout service package is not installed")
 pytest.importorskip("rlfleet_reward", reason="the reward service package is not installed")
@@ -25,15 +25,16 @@ reasoning_gym = pytest.importorskip("reasoning_gym")
 
 
 def _start(module: str, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", str(port), *args],
+    process, ports = spawn_bound(
+        [sys.executable, "-m", module, *args],
+        log.with_suffix(".ports.json"),
+        timeout_s=240,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env=env,
     )
-    return process, f"127.0.0.1:{port}"
+    return process, f"127.0.0.1:{ports.grpc}"
 
 
 def _wait(process: subprocess.Popen[bytes], target: str, log: Path) -> None:

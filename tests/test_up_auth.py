@@ -3,6 +3,7 @@ prints where it is (never the token), and its services refuse calls without it."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -53,6 +54,11 @@ def test_rlfleet_up_makes_and_requires_a_token(tmp_path: Path) -> None:
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
         token = token_file.read_text().strip()
         assert token not in out
+        # The start-up report: printed and in the run folder.
+        assert re.search(r"services SERVING in [\d.]+ s", out), out
+        assert re.search(r"sandbox +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+", out), out
+        report = json.loads((run_dir / "startup.json").read_text())
+        assert report["services"]["sandbox"]["serving_s"] > 0
         target = re.search(r"sandbox\s+│?\s*(127\.0\.0\.1:\d+)", out)
         assert target, out
         request = sandbox_pb2.ExecuteRequest(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import socket
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -16,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rlfleet_core.client import RetryPolicy, connect
 from rlfleet_core.errors import InvalidArgument, ResourceExhausted
 from rlfleet_core.metrics import REGISTRY
+from rlfleet_core.ports import pick_free_port, read_port_file
 from rlfleet_core.server import (
     BaseService,
     RunningServer,
@@ -113,12 +115,6 @@ DEFINITION = ServiceDefinition(
     config_model=ServiceConfig,
     factory=make_service,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def config(**server: object) -> ServiceConfig:
@@ -253,12 +249,21 @@ async def test_http_face_health_metrics_and_service_routes(running: RunningServe
         assert "rlfleet_grpc_request_seconds_bucket" in metrics
 
 
-async def test_not_serving_until_started_then_graceful_stop() -> None:
-    port = free_port()
-    start = asyncio.create_task(start_service(DEFINITION, config(port=port, grace_s=5)))
-    await asyncio.sleep(0.3)
+async def test_not_serving_until_started_then_graceful_stop(tmp_path: Path) -> None:
+    instances.clear()
+    port_file = tmp_path / "ports.json"
+    start = asyncio.create_task(
+        start_service(DEFINITION, config(port=0, http_port=0, grace_s=5, port_file=str(port_file)))
+    )
+    while not instances:
+        await asyncio.sleep(0.01)
     service = instances[-1]
     service.release_start.clear()
+    # The ports are reported once bound, before the (still blocked) heavy start-up.
+    while (ports := read_port_file(port_file)) is None:
+        await asyncio.sleep(0.01)
+    assert ports.pid == os.getpid() and ports.http is not None
+    port = ports.grpc
     target = f"127.0.0.1:{port}"
     async with connect(target, retry=None) as channel:
         health = health_pb2_grpc.HealthStub(channel)
@@ -268,6 +273,7 @@ async def test_not_serving_until_started_then_graceful_stop() -> None:
             assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
         service.release_start.set()
         running = await asyncio.wait_for(start, 10)
+        assert (running.grpc_port, running.http_port) == (ports.grpc, ports.http)
         reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
@@ -307,7 +313,8 @@ async def test_failed_start_releases_ports_and_reports() -> None:
         config_model=ServiceConfig,
         factory=_FailingService,
     )
-    port, http_port = free_port(), free_port()
+    # Numbers needed in advance: the test reuses them after the failed start.
+    port, http_port = pick_free_port(), pick_free_port()
     with pytest.raises(StartupError, match="apt-get install bubblewrap"):
         await start_service(definition, config(port=port, http_port=http_port))
     # Both ports are free again: a fixed service can start on them at once.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import grpc
 from rlfleet_core.client import check_health
+from rlfleet_core.ports import pick_free_port, wait_for_port_file
 from rlfleet_proto.v1 import reward_pb2
 
 TESTS_DIR = Path(__file__).resolve().parent  # on the workers' PYTHONPATH: reward_test_envs
@@ -27,9 +27,9 @@ TEST_ENVS = (
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on a moment ago: for an address that should refuse
+    (a service under test binds port 0 itself, see `start_reward_server`)."""
+    return pick_free_port()
 
 
 @dataclass
@@ -44,8 +44,9 @@ class RewardServer:
 
 
 def start_reward_server(tmp: Path, overrides: list[str], name: str = "reward") -> RewardServer:
-    port, http_port = free_port(), free_port()
     log_path = tmp / f"{name}.log"
+    port_file = tmp / f"{name}.ports.json"
+    port_file.unlink(missing_ok=True)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
@@ -57,16 +58,23 @@ def start_reward_server(tmp: Path, overrides: list[str], name: str = "reward") -
             "-m",
             "rlfleet_reward",
             "--port",
-            str(port),
+            "0",
             "--http-port",
-            str(http_port),
+            "0",
+            "--port-file",
+            str(port_file),
             *overrides,
         ],
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
         env=env,
     )
-    target = f"127.0.0.1:{port}"
+    try:
+        ports = wait_for_port_file(port_file, process, timeout_s=180)
+    except RuntimeError as exc:
+        process.kill()
+        raise RuntimeError(f"reward server {exc}:\n{log_path.read_text()[-3000:]}") from None
+    target, http_port = f"127.0.0.1:{ports.grpc}", ports.http
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from rlfleet_core.ports import wait_for_port_file
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _healthy(port: int) -> bool:
@@ -32,14 +27,16 @@ def _healthy(port: int) -> bool:
 
 
 @pytest.mark.timeout(400)
-def test_sigterm_stops_the_vllm_service_without_a_traceback() -> None:
-    port = _free_port()
+def test_sigterm_stops_the_vllm_service_without_a_traceback(tmp_path: Path) -> None:
+    port_file = tmp_path / "ports.json"
     args = [
         sys.executable,
         "-m",
         "rlfleet_rollout",
         "--port",
-        str(port),
+        "0",
+        "--port-file",
+        str(port_file),
         "engine=vllm",
         "model=tiny",
         "engine_config.max_model_len=512",
@@ -53,6 +50,7 @@ def test_sigterm_stops_the_vllm_service_without_a_traceback() -> None:
         start_new_session=True,
     )
     try:
+        port = wait_for_port_file(port_file, proc, timeout_s=300).grpc
         deadline = time.monotonic() + 300
         while not _healthy(port):
             assert proc.poll() is None, proc.stderr.read()[-4000:]  # type: ignore[union-attr]

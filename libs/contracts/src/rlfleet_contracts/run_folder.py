@@ -12,8 +12,9 @@ through these classes, so a renamed file cannot leave one side behind.
       stages/<stage>/             StageFolder, one per stage
       plots/                      report plots
       report.md, report.json      the report
-      logs/                       service logs of the fleet
+      logs/                       service logs of the fleet (and <service>.ports.json)
       auth_token                  the fleet's shared auth token (mode 0600; docs/security.md)
+      startup.json                the fleet's start-up times per service
 
     <stage>/                      StageFolder
       recipe.yaml                 the recipe the trainer was started with
@@ -29,6 +30,7 @@ through these classes, so a renamed file cannot leave one side behind.
       hf/                         the exported Hugging Face model (the next stage's input)
       logs/                       service logs of launchers
       auth_token                  the fleet's auth token, when `rlfleet rl` started the fleet
+      startup.json                the fleet's start-up times, when `rlfleet rl` started it
 """
 
 from __future__ import annotations
@@ -97,6 +99,11 @@ class StageFolder:
         """The shared token of the fleet a launcher started for this run (0600)."""
         return self.root / "auth_token"
 
+    @property
+    def startup(self) -> Path:
+        """The start-up report of the fleet a launcher started for this run."""
+        return self.root / "startup.json"
+
     def checkpoints(self, subdir: str = "checkpoints") -> Path:
         """The checkpoint folder (`checkpoint.dir` of the recipe, relative to the stage)."""
         return self.root / subdir
@@ -150,3 +157,8 @@ class PipelineFolder:
     def auth_token(self) -> Path:
         """The shared token of the fleet a launcher started for this run (0600)."""
         return self.root / "auth_token"
+
+    @property
+    def startup(self) -> Path:
+        """The start-up report of the fleet a launcher started for this run."""
+        return self.root / "startup.json"

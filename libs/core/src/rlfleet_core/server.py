@@ -54,6 +54,7 @@ from rlfleet_core.health import ServiceHealth
 from rlfleet_core.interceptors import ServerInterceptor
 from rlfleet_core.logs import setup_logging
 from rlfleet_core.metrics import REGISTRY
+from rlfleet_core.ports import write_port_file
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ class ServerConfig(ConfigModel):
     """gRPC port; 0 picks a free one (logged at start)."""
     http_port: int | None = Field(None, ge=0, le=65535)
     """Port of the HTTP face (health, /metrics and the service's own routes); None = off."""
+    port_file: str | None = None
+    """Once both ports are bound (before the heavy start-up), write the bound ports here
+    as JSON `{"grpc", "http", "pid"}`, atomically: how launchers learn the ports a
+    service picked with port 0 (`rlfleet_core.ports`)."""
     grace_s: float = Field(3.0, ge=0)
     """On SIGTERM, calls in flight get this long to finish before they are cancelled."""
     max_message_bytes: int = Field(64 << 20, ge=1 << 20)
@@ -310,6 +315,8 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
         http_task = asyncio.create_task(http.serve(sockets=[sock]))
 
     try:
+        if cfg.port_file:
+            write_port_file(cfg.port_file, grpc_port, http_port)
         await service.start()
     except BaseException:
         # Leave nothing half-started behind (ports, server tasks) before reporting.
@@ -372,8 +379,9 @@ def load_service_config(
     port: int | None = None,
     http_port: int | None = None,
     host: str | None = None,
+    port_file: str | None = None,
 ) -> ServiceConfig:
-    """Config from YAML + overrides, with --port/--http-port/--host winning."""
+    """Config from YAML + overrides, with --port/--http-port/--host/--port-file winning."""
     flags = []
     if port is not None:
         flags.append(f"server.port={port}")
@@ -381,6 +389,8 @@ def load_service_config(
         flags.append(f"server.http_port={http_port}")
     if host is not None:
         flags.append(f"server.host={host}")
+    if port_file is not None:
+        flags.append(f"server.port_file={port_file}")
     return load_config(definition.config_model, config_path, [*overrides, *flags])
 
 
@@ -405,12 +415,21 @@ def service_main(definition: ServiceDefinition, argv: Sequence[str] | None = Non
     parser.add_argument("--port", type=int, help="gRPC port (default: server.port from config)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default: off)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument(
+        "--port-file", help="write the bound ports here as JSON once bound (use with --port 0)"
+    )
     parser.add_argument("-c", "--config", help="YAML config file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     args = parser.parse_args(argv)
     try:
         config = load_service_config(
-            definition, args.config, args.overrides, args.port, args.http_port, args.host
+            definition,
+            args.config,
+            args.overrides,
+            args.port,
+            args.http_port,
+            args.host,
+            args.port_file,
         )
     except ConfigError as exc:
         for line in exc.lines:

@@ -6,21 +6,42 @@ its own process session (so Ctrl-C in the terminal reaches only the supervisor, 
 stops the services in order), logs to <run_dir>/logs/<service>.log, and is considered
 up once the standard gRPC health check answers SERVING.
 
+Ports: each service binds port 0 itself and writes the ports it got to
+<run_dir>/logs/<service>.ports.json before its heavy start-up (`--port-file`,
+`rlfleet_core.ports`), so no port is ever picked by one process and bound by another.
+
+Start-up: every service starts at once, except that one needing another's address (the
+reward gateway: `sandbox.target`) starts as soon as that one has reported its port; it
+need not wait for SERVING, since the gateway's sandbox channel connects lazily and the
+fleet hands out no address before all are SERVING. The times of each (spawned, ports
+bound, SERVING) go to <run_dir>/startup.json and to `say` (stderr by default). A service
+that exits or times out while starting is named with its log tail, and the others are
+stopped.
+
 Authentication: unless the caller already set RLFLEET_AUTH_TOKEN_FILE or
 RLFLEET_AUTH_TOKEN, the fleet writes a fresh token to <run_dir>/auth_token (0600) and sets
 RLFLEET_AUTH_TOKEN_FILE in this process while it runs, so the services (which inherit it)
 require it and every rlfleet client started here (the trainer, the curriculum pass,
 in-process clients) sends it. `stop()` restores the variable.
+
+Caches: with RLFLEET_CACHE_DIR set, the cache variables derived from it
+(`rlfleet_pipeline.caches`: HF_HOME, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR,
+VLLM_CACHE_ROOT, UV_CACHE_DIR) are set in this process in the same way while the fleet
+runs, so the services and the trainer started beside them share one cache folder.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import socket
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -29,22 +50,23 @@ import grpc
 from rlfleet_contracts.run_folder import PipelineFolder
 from rlfleet_core.auth import TOKEN_FILE_ENV, AuthError, token_from_env, write_token_file
 from rlfleet_core.client import check_health
+from rlfleet_core.ports import read_port_file
 
+from rlfleet_pipeline.caches import cache_env
 from rlfleet_pipeline.services import service_command
 
-# Start order: dependencies first (the reward gateway calls the sandbox); they are stopped
-# in reverse.
+# Dependencies first (the reward gateway calls the sandbox); stopped in reverse.
 START_ORDER = ("sandbox", "reward", "rollout", "swe-runner", "trainer")
+DEPENDS_ON = {"reward": ("sandbox",)}
+"""A service starts once these (when in the fleet) have reported their ports."""
 
 
 class FleetError(RuntimeError):
     pass
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+class _Cancelled(Exception):
+    """Another service failed (or Ctrl-C): this one's start-up is abandoned."""
 
 
 def tail_lines(path: Path, lines: int) -> str:
@@ -56,12 +78,38 @@ def tail_lines(path: Path, lines: int) -> str:
 
 
 @dataclass
+class StartupTimes:
+    """Seconds from the fleet's start to each milestone of one service (None: not reached)."""
+
+    spawned_s: float | None = None
+    bound_s: float | None = None
+    """Both ports bound and reported (the port file is written)."""
+    serving_s: float | None = None
+    """Health answered SERVING: the service's heavy start-up (model load...) is done."""
+
+    def row(self) -> dict[str, float | None]:
+        def span(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round(b - a, 3)
+
+        return {
+            "spawned_s": None if self.spawned_s is None else round(self.spawned_s, 3),
+            "bound_s": None if self.bound_s is None else round(self.bound_s, 3),
+            "serving_s": None if self.serving_s is None else round(self.serving_s, 3),
+            "bind_s": span(self.spawned_s, self.bound_s),
+            "load_s": span(self.bound_s, self.serving_s),
+        }
+
+
+@dataclass
 class ServiceProcess:
     name: str
-    port: int
-    http_port: int
     log_path: Path
+    port_file: Path
     process: subprocess.Popen[bytes] = field(repr=False)
+    port: int = 0
+    """gRPC port, once the service reported it (0 before)."""
+    http_port: int = 0
+    times: StartupTimes = field(default_factory=StartupTimes)
 
     @property
     def target(self) -> str:
@@ -81,6 +129,7 @@ class LocalFleet:
         overrides: dict[str, list[str]] | None = None,
         start_timeout_s: float = 600.0,
         stop_timeout_s: float = 15.0,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         unknown = [s for s in services if s not in START_ORDER]
         if unknown:
@@ -90,10 +139,23 @@ class LocalFleet:
         self.overrides = overrides or {}
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.say = say if say is not None else _to_stderr
+        """Where the start-up report goes (stderr by default)."""
         self.processes: dict[str, ServiceProcess] = {}
+        """Spawned services, in start order once `start` returned."""
         self.token_file: Path | None = None
         """The token this fleet generated (None when the caller's token is used)."""
-        self._saved_token_env: tuple[bool, str | None] = (False, None)
+        self.startup_s: float | None = None
+        """Seconds until every service was SERVING (None before, or when start failed)."""
+        self._saved_env: dict[str, str | None] = {}
+        self._lock = threading.Lock()
+        self._bound = {name: threading.Event() for name in self.services}
+        self._cancel = threading.Event()
+
+    def _set_env(self, name: str, value: str) -> None:
+        """Set `name` in this process (inherited by every child) until `stop`."""
+        self._saved_env.setdefault(name, os.environ.get(name))
+        os.environ[name] = value
 
     def _set_up_token(self) -> None:
         try:
@@ -104,33 +166,38 @@ class LocalFleet:
         path = PipelineFolder(self.run_dir).auth_token
         write_token_file(path)
         self.token_file = path.absolute()
-        self._saved_token_env = (True, os.environ.get(TOKEN_FILE_ENV))
-        os.environ[TOKEN_FILE_ENV] = str(self.token_file)
+        self._set_env(TOKEN_FILE_ENV, str(self.token_file))
 
-    def _restore_token_env(self) -> None:
-        saved, previous = self._saved_token_env
-        if not saved:
-            return
-        if previous is None:
-            os.environ.pop(TOKEN_FILE_ENV, None)
-        else:
-            os.environ[TOKEN_FILE_ENV] = previous
-        self._saved_token_env = (False, None)
+    def _set_up_caches(self) -> None:
+        for name, value in cache_env(os.environ).items():
+            self._set_env(name, value)
+
+    def _restore_env(self) -> None:
+        for name, previous in self._saved_env.items():
+            if previous is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = previous
+        self._saved_env = {}
 
     def target(self, service: str) -> str:
         return self.processes[service].target
 
-    def _spawn(self, name: str, port: int, http_port: int, wiring: list[str]) -> ServiceProcess:
+    def _spawn(self, name: str, wiring: list[str]) -> ServiceProcess:
         # run_dir is a pipeline's or a stage's folder: both keep service logs in logs/.
         log_dir = PipelineFolder(self.run_dir).logs
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
+        port_file = log_dir / f"{name}.ports.json"
+        port_file.unlink(missing_ok=True)
         cmd = [
             *service_command(name),
             "--port",
-            str(port),
+            "0",
             "--http-port",
-            str(http_port),
+            "0",
+            "--port-file",
+            str(port_file.absolute()),
             *wiring,
             *self.overrides.get(name, []),
         ]
@@ -142,67 +209,144 @@ class LocalFleet:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        return ServiceProcess(name, port, http_port, log_path, process)
+        return ServiceProcess(name, log_path, port_file, process)
 
-    @staticmethod
-    def _wiring(name: str, ports: dict[str, tuple[int, int]]) -> list[str]:
+    def _wiring(self, name: str) -> list[str]:
         """Overrides that point a service at the others of this fleet (the user's own
         overrides come after, so they win)."""
-        if name == "reward" and "sandbox" in ports:
-            return [f"sandbox.target=127.0.0.1:{ports['sandbox'][0]}"]
+        if name == "reward" and "sandbox" in self.services:
+            return [f"sandbox.target={self.processes['sandbox'].target}"]
         return []
 
-    def _wait_serving(self, proc: ServiceProcess) -> None:
+    def _start_one(self, name: str, started: float) -> None:
+        """Wait for the dependencies' ports, spawn, wait for the ports, wait for SERVING."""
+        for dep in DEPENDS_ON.get(name, ()):
+            if dep in self._bound:
+                while not self._bound[dep].wait(0.05):
+                    if self._cancel.is_set():
+                        raise _Cancelled
+        with self._lock:
+            if self._cancel.is_set():
+                raise _Cancelled
+            proc = self.processes[name] = self._spawn(name, self._wiring(name))
+        proc.times.spawned_s = time.monotonic() - started
         deadline = time.monotonic() + self.start_timeout_s
-        last = "no answer"
+        last = "no ports reported"
         while time.monotonic() < deadline:
+            if self._cancel.is_set():
+                raise _Cancelled
             code = proc.process.poll()
             if code is not None:
                 raise FleetError(
-                    f"{proc.name} exited with code {code} while starting; "
+                    f"{name} exited with code {code} while starting; "
                     f"last log lines ({proc.log_path}):\n{proc.log_tail()}"
                 )
-            try:
-                last = check_health(proc.target, timeout_s=2.0)
-                if last == "SERVING":
-                    return
-            except grpc.RpcError as exc:
-                last = exc.code().name
-            time.sleep(0.2)
+            if not self._bound[name].is_set():
+                ports = read_port_file(proc.port_file)
+                if ports is not None and ports.pid == proc.process.pid:
+                    proc.port, proc.http_port = ports.grpc, ports.http or 0
+                    proc.times.bound_s = time.monotonic() - started
+                    self._bound[name].set()
+                    continue
+            else:
+                try:
+                    last = check_health(proc.target, timeout_s=2.0)
+                    if last == "SERVING":
+                        proc.times.serving_s = time.monotonic() - started
+                        return
+                except grpc.RpcError as exc:
+                    last = exc.code().name
+            time.sleep(0.05)
         raise FleetError(
-            f"{proc.name} not SERVING after {self.start_timeout_s:.0f}s (last: {last}); "
-            f"see {proc.log_path}"
+            f"{name} not SERVING after {self.start_timeout_s:.0f}s (last: {last}); "
+            f"last log lines ({proc.log_path}):\n{proc.log_tail()}"
         )
 
     def start(self) -> None:
-        """Spawn every service at once (vLLM's start dominates; the others start beside
-        it), then wait for each to serve. Ports are chosen first so that the reward
-        gateway is told where the sandbox listens."""
+        """Start every service in parallel (see the module docstring), then write and
+        report the start-up times. On any failure the services started are stopped."""
+        started = time.monotonic()
+        pool = ThreadPoolExecutor(max_workers=len(self.services), thread_name_prefix="fleet")
         try:
             self._set_up_token()
-            ports = {name: (free_port(), free_port()) for name in self.services}
-            for name in self.services:
-                self.processes[name] = self._spawn(name, *ports[name], self._wiring(name, ports))
-            for proc in self.processes.values():
-                self._wait_serving(proc)
+            self._set_up_caches()
+            futures = {pool.submit(self._start_one, n, started): n for n in self.services}
+            done, _ = wait_futures(futures, return_when=FIRST_EXCEPTION)
+            failed = [f for f in done if f.exception() is not None]
+            if failed:
+                self._cancel.set()
+                pool.shutdown(wait=True)
+                # The first real failure, not a start-up abandoned because of it.
+                errors = [e for f in futures if (e := f.exception()) is not None]
+                raise next(e for e in errors if not isinstance(e, _Cancelled)) from None
+            self.startup_s = time.monotonic() - started
+            self.processes = {n: self.processes[n] for n in self.services}
         except BaseException:
+            self._cancel.set()
+            pool.shutdown(wait=True)
+            self._write_report()
             self.stop()
             raise
+        pool.shutdown(wait=True)
+        self._write_report()
+        for line in self.report_lines():
+            self.say(line)
+
+    def report(self) -> dict[str, object]:
+        """The start-up report: seconds from the fleet's start, per service."""
+        return {
+            "total_s": None if self.startup_s is None else round(self.startup_s, 3),
+            "services": {
+                name: {
+                    **proc.times.row(),
+                    "after": [d for d in DEPENDS_ON.get(name, ()) if d in self.services],
+                    "grpc_port": proc.port or None,
+                    "http_port": proc.http_port or None,
+                }
+                for name, proc in self.processes.items()
+            },
+        }
+
+    def _write_report(self) -> None:
+        path = PipelineFolder(self.run_dir).startup
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.report(), indent=2) + "\n")
+
+    def report_lines(self) -> list[str]:
+        """The start-up report as text (what `say` is given)."""
+        total = f"{self.startup_s:.1f} s" if self.startup_s is not None else "-"
+        lines = [
+            f"services SERVING in {total} ({PipelineFolder(self.run_dir).startup}); "
+            "seconds from the start:",
+            f"  {'service':<11} {'spawned':>8} {'bound':>8} {'SERVING':>8} {'load':>8}",
+        ]
+
+        def cell(value: float | None) -> str:
+            return f"{value:8.2f}" if value is not None else f"{'-':>8}"
+
+        for name, proc in self.processes.items():
+            row = proc.times.row()
+            lines.append(
+                f"  {name:<11} {cell(row['spawned_s'])} {cell(row['bound_s'])} "
+                f"{cell(row['serving_s'])} {cell(row['load_s'])}"
+            )
+        return lines
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM in reverse start order, then SIGKILL what outlives the timeout."""
-        for proc in reversed(list(self.processes.values())):
+        ordered = [self.processes[n] for n in self.services if n in self.processes]
+        for proc in reversed(ordered):
             if proc.process.poll() is None:
                 proc.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout_s
         codes: dict[str, int | None] = {}
-        for name, proc in self.processes.items():
+        for proc in ordered:
             try:
-                codes[name] = proc.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                codes[proc.name] = proc.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.process.pid, signal.SIGKILL)
-                codes[name] = proc.process.wait()
-        self._restore_token_env()
+                codes[proc.name] = proc.process.wait()
+        self._restore_env()
         return codes
 
     def __enter__(self) -> LocalFleet:
@@ -216,3 +360,7 @@ class LocalFleet:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

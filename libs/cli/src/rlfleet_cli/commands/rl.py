@@ -56,8 +56,13 @@ def rl(
     --run compose starts the stage's services from deploy/compose/compose.yaml
     (`docker compose up --wait`), trains on this host against their published ports and
     brings them down again (see docs/containers.md).
+
+    Locally the services start in parallel on ports they bind themselves; their start-up
+    times are printed and written to <out>/startup.json. RLFLEET_CACHE_DIR (or cache_dir
+    in the env.toml profile) shares the model and compiled-kernel caches of every process.
     """
     from rich.markup import escape
+    from rlfleet_pipeline.caches import use_cache_dir
     from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, load_profile
     from rlfleet_pipeline.recipes import load_recipe
     from rlfleet_pipeline.stage import (
@@ -91,6 +96,8 @@ def rl(
         out.print("# launch plan")
         out.print(launch_plan(recipe, profile, run_dir, engine), end="", markup=False)
         return
+    if isinstance(profile, LocalProfile | ComposeProfile):
+        use_cache_dir(profile.cache_dir)  # the fleet and the trainer inherit it
     if isinstance(profile, ComposeProfile):
         try:
             code = run_compose(

@@ -37,6 +37,13 @@ def serve(
         ),
     ] = None,
     host: Annotated[str | None, typer.Option(help="Bind address.  [default: 127.0.0.1]")] = None,
+    port_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Once bound, write the bound ports here as JSON {grpc, http, pid} "
+            "(atomically): with --port 0, how a launcher learns them without a race."
+        ),
+    ] = None,
     engine: Annotated[
         str | None,
         typer.Option(help="rollout: generation engine, vllm or hf (same as engine=...)."),
@@ -62,7 +69,13 @@ def serve(
             f"{key}={value}" for key, value in (("engine", engine), ("model", model)) if value
         ]
         cfg = load_service_config(
-            definition, config, [*(overrides or []), *shortcuts], port, http_port, host
+            definition,
+            config,
+            [*(overrides or []), *shortcuts],
+            port,
+            http_port,
+            host,
+            None if port_file is None else str(port_file),
         )
     except ServiceNotFound as exc:
         raise fail(str(exc)) from None
@@ -78,7 +91,13 @@ def up(
     run_dir: Annotated[Path, typer.Option(help="Where service logs go.")] = Path("runs/up"),
 ) -> None:
     """Start services locally on free loopback ports, print their addresses and the path
-    of their auth token, and keep them running until Ctrl-C (then stop them gracefully)."""
+    of their auth token, and keep them running until Ctrl-C (then stop them gracefully).
+
+    Every service binds port 0 itself and reports the port it got (no pick-then-bind
+    race); all start at once. The start-up report (seconds to bind and to SERVING per
+    service) is printed and written to <run-dir>/startup.json. With RLFLEET_CACHE_DIR
+    set, every service shares the model and compiled-kernel caches under it
+    (docs/architecture.md, "The local fleet")."""
     import threading
 
     from rlfleet_pipeline.fleet import FleetError, LocalFleet
@@ -88,7 +107,11 @@ def up(
         signal.signal(sig, lambda *_: stop.set())
     try:
         with err.status("starting services..."):
-            fleet = LocalFleet([s.strip() for s in services.split(",") if s.strip()], run_dir)
+            fleet = LocalFleet(
+                [s.strip() for s in services.split(",") if s.strip()],
+                run_dir,
+                say=lambda line: err.print(line, markup=False, highlight=False),
+            )
             fleet.start()
     except FleetError as exc:
         raise fail(str(exc), code=1) from None

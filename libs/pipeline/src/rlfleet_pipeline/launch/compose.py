@@ -37,6 +37,8 @@ from pathlib import Path
 from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV, write_token_file
 
+from rlfleet_pipeline.caches import cache_env
+
 ROLLOUT_ENGINE_VAR = "ROLLOUT_ENGINE"
 ROLLOUT_MODEL_VAR = "ROLLOUT_MODEL"
 """compose.yaml passes these to the rollout service as `engine=` and `model=`."""
@@ -75,6 +77,11 @@ class ComposeStack:
     project: str
     env: Mapping[str, str] = field(default_factory=dict)
 
+    def process_env(self) -> dict[str, str]:
+        """`env` plus the shared cache variables (RLFLEET_CACHE_DIR's, if set), so that
+        compose.yaml can mount ${RLFLEET_CACHE_DIR} and pass them to the services."""
+        return {**self.env, **cache_env(self.env)}
+
     def command(self, *args: str) -> list[str]:
         return ["docker", "compose", "-f", str(self.compose_file), "-p", self.project, *args]
 
@@ -82,7 +89,7 @@ class ComposeStack:
         try:
             return subprocess.run(
                 self.command(*args),
-                env=dict(self.env),
+                env=self.process_env(),
                 capture_output=True,
                 text=True,
                 timeout=timeout,

@@ -33,6 +33,9 @@ SERVICES = ("trainer", "rollout", "reward", "sandbox", "swe-runner")
 
 class LocalProfile(ConfigModel):
     launcher: Literal["local"] = "local"
+    cache_dir: str | None = None
+    """Shared cache folder (models, HF hub, compiled kernels, uv) for every process of
+    the run; RLFLEET_CACHE_DIR in the environment wins (`rlfleet_pipeline.caches`)."""
 
 
 class ComposeProfile(ConfigModel):
@@ -44,6 +47,9 @@ class ComposeProfile(ConfigModel):
     """`docker compose -p`: containers, network and `down` are per project."""
     wait_timeout_s: int = Field(600, ge=10)
     """How long `up --wait` may take for every service to turn healthy."""
+    cache_dir: str | None = None
+    """Shared cache folder of the host-side processes (the trainer) and, for compose.yaml
+    to mount, of the stack's environment; RLFLEET_CACHE_DIR wins."""
 
 
 class NodeCounts(ConfigModel):
