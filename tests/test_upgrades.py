@@ -30,7 +30,7 @@ from pathlib import Path
 import grpc
 import pytest
 from rlfleet_core.client import connect_sync
-from rlfleet_core.versions import remote_build
+from rlfleet_core.versions import git_commit, remote_build
 from rlfleet_proto.v1 import common_pb2, common_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from support import REPO, start_service, stop_service
 
@@ -261,6 +261,12 @@ def test_previous_trainer_against_todays_services(
     services = services_of(None)
     for target in (services.rollout, services.reward):
         assert isinstance(_build_service(target), common_pb2.BuildInfo)  # today's code serves
+    rollout_build = _build_service(services.rollout)
+    with connect_sync(services.rollout, default_timeout_s=10) as channel:
+        status = rollout_pb2_grpc.RolloutServiceStub(channel).GetStatus(
+            rollout_pb2.GetStatusRequest(), timeout=10
+        )
+    assert status.build == rollout_build and status.build.git_commit == git_commit()
     times = _stage(previous, model, services, tmp_path / "stage")
     print(f"previous trainer ({previous.tag}) x today's services: {times}")
 

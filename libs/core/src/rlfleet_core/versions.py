@@ -83,25 +83,24 @@ def remote_build(target: str, timeout_s: float = 5.0) -> common_pb2.BuildInfo | 
     from rlfleet_core.client import connect_sync
 
     with connect_sync(target, default_timeout_s=timeout_s, retry=None) as channel:
-        asks = (
-            lambda: common_pb2_grpc.BuildServiceStub(channel).GetBuildInfo(
-                common_pb2.GetBuildInfoRequest(), timeout=timeout_s
-            ),
-            lambda: (
-                rollout_pb2_grpc.RolloutServiceStub(channel)
-                .GetStatus(rollout_pb2.GetStatusRequest(), timeout=timeout_s)
-                .build
-            ),
-            lambda: (
-                trainer_pb2_grpc.TrainerServiceStub(channel)
-                .GetStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=timeout_s)
-                .build
-            ),
-        )
-        for ask in asks:
+
+        def build_service() -> common_pb2.BuildInfo:
+            request = common_pb2.GetBuildInfoRequest()
+            return common_pb2_grpc.BuildServiceStub(channel).GetBuildInfo(
+                request, timeout=timeout_s
+            )
+
+        def rollout_status() -> common_pb2.BuildInfo:
+            stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+            return stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=timeout_s).build
+
+        def trainer_status() -> common_pb2.BuildInfo:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            return stub.GetStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=timeout_s).build
+
+        for ask in (build_service, rollout_status, trainer_status):
             try:
-                info: common_pb2.BuildInfo = ask()
-                return info
+                return ask()
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
