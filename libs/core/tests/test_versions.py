@@ -105,7 +105,15 @@ def test_commit_is_empty_outside_a_checkout(
     fresh_commit: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A copy of the code without .git (a wheel, `git archive`) reports "" rather than a
-    commit of whatever repository the process happens to run in."""
+    commit of whatever repository it happens to sit in (a venv inside a user's project)."""
     monkeypatch.delenv(versions.GIT_COMMIT_ENV, raising=False)
-    monkeypatch.setattr(versions, "__file__", str(tmp_path / "versions.py"))
+    monkeypatch.setattr(versions, "__file__", str(tmp_path / "site" / "versions.py"))
+    (tmp_path / "site").mkdir()
+    assert versions.git_commit() == ""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True, timeout=30)
+    subprocess.run(
+        [*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=tmp_path, check=True, timeout=30
+    )
+    versions.git_commit.cache_clear()
     assert versions.git_commit() == ""

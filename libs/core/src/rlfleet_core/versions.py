@@ -31,12 +31,13 @@ def package_version(package: str) -> str:
 @functools.cache
 def git_commit() -> str:
     """The commit of the checkout this code runs from: $RLFLEET_GIT_COMMIT, else
-    `git rev-parse HEAD` next to this file (a source checkout), else "" (unknown)."""
+    `git rev-parse HEAD` next to this file when that is an rlfleet checkout, else ""
+    (unknown: an installed wheel, even inside some other repository, or `git archive`)."""
     if commit := os.environ.get(GIT_COMMIT_ENV, "").strip():
         return commit
     try:
         found = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
+            ["git", "rev-parse", "--show-toplevel", "HEAD"],
             cwd=Path(__file__).resolve().parent,
             capture_output=True,
             text=True,
@@ -44,7 +45,11 @@ def git_commit() -> str:
         )
     except (OSError, subprocess.SubprocessError):
         return ""
-    return found.stdout.strip() if found.returncode == 0 else ""
+    lines = found.stdout.split()
+    if found.returncode != 0 or len(lines) != 2:
+        return ""
+    ours = (Path(lines[0]) / "protos/rlfleet/v1/common.proto").is_file()
+    return lines[1] if ours else ""
 
 
 def build_info(service: str, package: str) -> common_pb2.BuildInfo:
