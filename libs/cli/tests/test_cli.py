@@ -47,6 +47,8 @@ def test_version_lists_every_package() -> None:
     result = rlfleet("version")
     assert result.returncode == 0
     lines = dict(line.split() for line in result.stdout.splitlines())
+    commit = lines.pop("commit")  # the checkout's HEAD, or "unknown" outside git
+    assert commit == "unknown" or len(commit) == 40, commit
     assert sorted(lines) == sorted(PACKAGES)
     assert all(v[0].isdigit() for v in lines.values()), lines
 

@@ -12,6 +12,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlfleet_core.client import connect
 from rlfleet_core.testing import running_service
+from rlfleet_core.versions import git_commit
 from rlfleet_proto.v1 import trainer_pb2, trainer_pb2_grpc
 from rlfleet_trainer.service import SERVICE
 from rlfleet_trainer.testing import serve_doubles
@@ -30,6 +31,7 @@ async def test_idle_service_reports_status_and_refuses_checkpoint() -> None:
         stub = trainer_pb2_grpc.TrainerServiceStub(channel)
         status = await stub.GetStatus(trainer_pb2.GetTrainerStatusRequest())
         assert status.phase == "idle" and status.stage == "" and status.build.service == "trainer"
+        assert status.build.git_commit == git_commit()  # this checkout's HEAD ("" without git)
         with pytest.raises(aio.AioRpcError) as info:
             await stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest())
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -29,7 +29,6 @@ import ssl
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -40,6 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import Field, field_validator, model_validator
+from rlfleet_proto.v1 import common_pb2_grpc
 
 from rlfleet_core.auth import (
     AuthError,
@@ -55,6 +55,13 @@ from rlfleet_core.interceptors import ServerInterceptor
 from rlfleet_core.logs import setup_logging
 from rlfleet_core.metrics import REGISTRY
 from rlfleet_core.ports import write_port_file
+from rlfleet_core.versions import (
+    BUILD_SERVICE,
+    BuildServicer,
+    build_dict,
+    git_commit,
+    package_version,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -191,13 +198,6 @@ class RunningServer:
     http_listener: socket.socket | None = field(default=None, repr=False)
 
 
-def package_version(package: str) -> str:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
-
-
 def _health_app(definition: ServiceDefinition, health: ServiceHealth) -> FastAPI:
     app = FastAPI(title=f"rlfleet {definition.name}", version=package_version(definition.package))
 
@@ -205,6 +205,10 @@ def _health_app(definition: ServiceDefinition, health: ServiceHealth) -> FastAPI
     async def healthz() -> Response:
         serving, text = await health.serving_text()
         return Response(content=text, status_code=200 if serving else 503, media_type="text/plain")
+
+    @app.get("/version")
+    async def build() -> dict[str, str]:
+        return build_dict(definition.name, definition.package)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -252,9 +256,13 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
     health = ServiceHealth(definition.grpc_services)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     service.add_to_server(server)
+    common_pb2_grpc.add_BuildServiceServicer_to_server(
+        BuildServicer(definition.name, definition.package), server
+    )
     reflection.enable_server_reflection(
         (
             *definition.grpc_services,
+            BUILD_SERVICE,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ),
@@ -333,6 +341,7 @@ async def start_service(definition: ServiceDefinition, config: ServiceConfig) ->
             "grpc": f"{cfg.host}:{grpc_port}",
             "http": f"{cfg.host}:{http_port}" if http_port else "off",
             "version": package_version(definition.package),
+            "commit": git_commit()[:12] or "unknown",
             "auth": "token" if token is not None else "off",
             "tls": "mtls" if cfg.tls_client_ca_file else "on" if tls else "off",
         },

@@ -9,8 +9,8 @@ from typing import Any
 
 from grpc import aio
 from rlfleet_core.errors import InvalidArgument
-from rlfleet_core.server import package_version
-from rlfleet_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from rlfleet_core.versions import build_info
+from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet_weights.base import IncomingWeights, WeightRequestError
 from rlfleet_weights.factory import group_kind_of, stream_receiver, update_receiver
 from rlfleet_weights.filesystem import check_weights_path
@@ -184,12 +184,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             engine=self.config.engine,
             model=self.config.model_id,
             num_replicas=status.num_replicas,
-            build=common_pb2.BuildInfo(
-                service="rollout",
-                package="rlfleet-rollout",
-                version=package_version("rlfleet-rollout"),
-                proto_version=package_version("rlfleet-proto"),
-            ),
+            build=build_info("rollout", "rlfleet-rollout"),
         )
 
 

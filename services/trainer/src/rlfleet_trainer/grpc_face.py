@@ -9,8 +9,8 @@ from typing import Any, Protocol
 
 import grpc
 from grpc import aio
-from rlfleet_core.server import package_version
-from rlfleet_proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from rlfleet_core.versions import build_info
+from rlfleet_proto.v1 import trainer_pb2, trainer_pb2_grpc
 
 from rlfleet_trainer.config import TrainerServiceConfig
 from rlfleet_trainer.loop import RunContext
@@ -42,12 +42,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             total_steps=cfg.recipe.grpo.max_num_steps,
             weight_version=int(status.get("weight_version", 0)),
             metrics={k: float(v) for k, v in status.get("metrics", {}).items()},
-            build=common_pb2.BuildInfo(
-                service="trainer",
-                package="rlfleet-trainer",
-                version=package_version("rlfleet-trainer"),
-                proto_version=package_version("rlfleet-proto"),
-            ),
+            build=build_info("trainer", "rlfleet-trainer"),
         )
 
     async def SaveCheckpoint(

@@ -10,18 +10,50 @@ from typing import Annotated
 import typer
 from rich.table import Table
 from rlfleet_core.config import ConfigError
-from rlfleet_core.server import load_service_config, package_version, run_service_blocking
+from rlfleet_core.server import load_service_config, run_service_blocking
+from rlfleet_core.versions import git_commit, package_version, remote_build
 from rlfleet_pipeline.services import KNOWN_SERVICES, ServiceNotFound, get_service
 
 from rlfleet_cli.ui import ConfigPath, Overrides, config_failure, err, fail, out
 
 
-def version() -> None:
-    """Print the version of every rlfleet package."""
-    packages = ["rlfleet", "rlfleet-core", "rlfleet-proto", *KNOWN_SERVICES.values()]
-    width = max(map(len, packages))
-    for package in packages:
-        out.print(f"{package:<{width}}  {package_version(package)}")
+def version(
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(help="host:port of running services to ask for their build."),
+    ] = None,
+) -> None:
+    """Print the version of every rlfleet package installed here (and the git commit), or,
+    given targets, what build each running service reports (docs/upgrades.md)."""
+    if not targets:
+        packages = ["rlfleet", "rlfleet-core", "rlfleet-proto", *KNOWN_SERVICES.values()]
+        width = max(map(len, packages))
+        for package in packages:
+            out.print(f"{package:<{width}}  {package_version(package)}")
+        out.print(f"{'commit':<{width}}  {git_commit() or 'unknown'}")
+        return
+    import grpc
+
+    table = Table()
+    for column in ("target", "service", "version", "proto", "commit"):
+        table.add_column(column)
+    failed = False
+    for target in targets:
+        try:
+            info = remote_build(target)
+        except grpc.RpcError as exc:
+            failed = True
+            table.add_row(target, f"[red]{exc.code().name}: {exc.details()}[/]", "", "", "")
+            continue
+        if info is None:
+            table.add_row(target, "?", "before 0.2 (no BuildService)", "?", "unknown")
+        else:
+            commit = info.git_commit[:12] or "unknown"
+            row = (info.service, info.version, info.proto_version, commit)
+            table.add_row(target, *row)
+    out.print(table)
+    if failed:
+        raise typer.Exit(1)
 
 
 def serve(

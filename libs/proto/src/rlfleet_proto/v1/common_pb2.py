@@ -24,17 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/common.proto\x12\nrlfleet.v1\"K\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12 \n\x05\x64type\x18\x03 \x01(\x0e\x32\x11.rlfleet.v1.DType\"U\n\tBuildInfo\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07package\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x15\n\rproto_version\x18\x04 \x01(\t*\xb5\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x11\n\rDTYPE_FLOAT64\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x07\x12\x15\n\x11\x44TYPE_FLOAT8_E4M3\x10\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/common.proto\x12\nrlfleet.v1\"K\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12 \n\x05\x64type\x18\x03 \x01(\x0e\x32\x11.rlfleet.v1.DType\"i\n\tBuildInfo\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07package\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x15\n\rproto_version\x18\x04 \x01(\t\x12\x12\n\ngit_commit\x18\x05 \x01(\t\"\x15\n\x13GetBuildInfoRequest*\xb5\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x11\n\rDTYPE_FLOAT64\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x07\x12\x15\n\x11\x44TYPE_FLOAT8_E4M3\x10\x08\x32V\n\x0c\x42uildService\x12\x46\n\x0cGetBuildInfo\x12\x1f.rlfleet.v1.GetBuildInfoRequest\x1a\x15.rlfleet.v1.BuildInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlfleet.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=204
-  _globals['_DTYPE']._serialized_end=385
+  _globals['_DTYPE']._serialized_start=247
+  _globals['_DTYPE']._serialized_end=428
   _globals['_TENSORSPEC']._serialized_start=39
   _globals['_TENSORSPEC']._serialized_end=114
   _globals['_BUILDINFO']._serialized_start=116
-  _globals['_BUILDINFO']._serialized_end=201
+  _globals['_BUILDINFO']._serialized_end=221
+  _globals['_GETBUILDINFOREQUEST']._serialized_start=223
+  _globals['_GETBUILDINFOREQUEST']._serialized_end=244
+  _globals['_BUILDSERVICE']._serialized_start=430
+  _globals['_BUILDSERVICE']._serialized_end=516
 # @@protoc_insertion_point(module_scope)

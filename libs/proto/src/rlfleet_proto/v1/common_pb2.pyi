@@ -87,6 +87,7 @@ class BuildInfo(_message.Message):
     PACKAGE_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     PROTO_VERSION_FIELD_NUMBER: _builtins.int
+    GIT_COMMIT_FIELD_NUMBER: _builtins.int
     service: _builtins.str
     """e.g. "rollout" """
     package: _builtins.str
@@ -95,6 +96,8 @@ class BuildInfo(_message.Message):
     """package version"""
     proto_version: _builtins.str
     """version of rlfleet-proto the service was built with"""
+    git_commit: _builtins.str
+    """commit the code came from; "" when unknown (added in 0.2)"""
     def __init__(
         self,
         *,
@@ -102,11 +105,27 @@ class BuildInfo(_message.Message):
         package: _builtins.str = ...,
         version: _builtins.str = ...,
         proto_version: _builtins.str = ...,
+        git_commit: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["package", b"package", "proto_version", b"proto_version", "service", b"service", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["git_commit", b"git_commit", "package", b"package", "proto_version", b"proto_version", "service", b"service", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BuildInfo: _TypeAlias = BuildInfo  # noqa: Y015
+
+@_typing.final
+class GetBuildInfoRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBuildInfoRequest: _TypeAlias = GetBuildInfoRequest  # noqa: Y015

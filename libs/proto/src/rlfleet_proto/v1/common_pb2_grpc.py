@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from rlfleet_proto.v1 import common_pb2 as rlfleet_dot_v1_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -22,3 +23,84 @@ if _version_not_supported:
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
+
+
+class BuildServiceStub:
+    """Every service answers this (the shared bootstrap registers it), whatever else it offers,
+    so `rlfleet version <target>` can ask any of them. Added in 0.2: a service of 0.1 answers
+    UNIMPLEMENTED (rollout and trainer 0.1 still report `BuildInfo` in their GetStatus).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetBuildInfo = channel.unary_unary(
+                '/rlfleet.v1.BuildService/GetBuildInfo',
+                request_serializer=rlfleet_dot_v1_dot_common__pb2.GetBuildInfoRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_common__pb2.BuildInfo.FromString,
+                _registered_method=True)
+
+
+class BuildServiceServicer:
+    """Every service answers this (the shared bootstrap registers it), whatever else it offers,
+    so `rlfleet version <target>` can ask any of them. Added in 0.2: a service of 0.1 answers
+    UNIMPLEMENTED (rollout and trainer 0.1 still report `BuildInfo` in their GetStatus).
+    """
+
+    def GetBuildInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_BuildServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetBuildInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBuildInfo,
+                    request_deserializer=rlfleet_dot_v1_dot_common__pb2.GetBuildInfoRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_common__pb2.BuildInfo.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'rlfleet.v1.BuildService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('rlfleet.v1.BuildService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class BuildService:
+    """Every service answers this (the shared bootstrap registers it), whatever else it offers,
+    so `rlfleet version <target>` can ask any of them. Added in 0.2: a service of 0.1 answers
+    UNIMPLEMENTED (rollout and trainer 0.1 still report `BuildInfo` in their GetStatus).
+    """
+
+    @staticmethod
+    def GetBuildInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.BuildService/GetBuildInfo',
+            rlfleet_dot_v1_dot_common__pb2.GetBuildInfoRequest.SerializeToString,
+            rlfleet_dot_v1_dot_common__pb2.BuildInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

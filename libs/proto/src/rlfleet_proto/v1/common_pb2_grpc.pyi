@@ -5,9 +5,16 @@ Types shared by more than one rlfleet service."""
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from rlfleet_proto.v1 import common_pb2 as _common_pb2
 import abc as _abc_1
 import grpc as _grpc
+import sys
 import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import Self as _Self
+else:
+    from typing_extensions import Self as _Self
 
 _T = _typing.TypeVar("_T")
 
@@ -18,3 +25,40 @@ class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ig
 
 GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
+
+class BuildServiceStub:
+    """Every service answers this (the shared bootstrap registers it), whatever else it offers,
+    so `rlfleet version <target>` can ask any of them. Added in 0.2: a service of 0.1 answers
+    UNIMPLEMENTED (rollout and trainer 0.1 still report `BuildInfo` in their GetStatus).
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> BuildServiceAsyncStub: ...
+    GetBuildInfo: _grpc.UnaryUnaryMultiCallable[_common_pb2.GetBuildInfoRequest, _common_pb2.BuildInfo]
+
+@_typing.type_check_only
+class BuildServiceAsyncStub(BuildServiceStub):
+    """Every service answers this (the shared bootstrap registers it), whatever else it offers,
+    so `rlfleet version <target>` can ask any of them. Added in 0.2: a service of 0.1 answers
+    UNIMPLEMENTED (rollout and trainer 0.1 still report `BuildInfo` in their GetStatus).
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    GetBuildInfo: _aio.UnaryUnaryMultiCallable[_common_pb2.GetBuildInfoRequest, _common_pb2.BuildInfo]  # type: ignore[assignment]
+
+class BuildServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Every service answers this (the shared bootstrap registers it), whatever else it offers,
+    so `rlfleet version <target>` can ask any of them. Added in 0.2: a service of 0.1 answers
+    UNIMPLEMENTED (rollout and trainer 0.1 still report `BuildInfo` in their GetStatus).
+    """
+
+    @_abc_1.abstractmethod
+    def GetBuildInfo(
+        self,
+        request: _common_pb2.GetBuildInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.BuildInfo, _abc.Awaitable[_common_pb2.BuildInfo]]: ...
+
+def add_BuildServiceServicer_to_server(servicer: BuildServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
