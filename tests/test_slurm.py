@@ -12,8 +12,10 @@ the container (a login node), so `rlfleet rl` itself runs here and gets Ctrl-C h
 1. A tiny RLVR stage (2 steps, hf engine, the bundled `tiny` model) submitted by `rlfleet
    rl rlvr -c test --run slurm`: exit 0, the stage folder's summary and metrics, and
    `sacct` shows every component COMPLETED.
-2. SIGINT to `rlfleet rl` while the job runs: it runs `scancel`, exits 130, `sacct` shows
-   CANCELLED and no rlfleet process is left on the node.
+2. SIGINT to `rlfleet rl` once a service of the job serves: it runs `scancel`, exits 130,
+   `sacct` shows CANCELLED and no rlfleet process is left on the nodes.
+
+One cluster serves both tests (module scope); each test has its own folder and job.
 """
 
 from __future__ import annotations
@@ -74,8 +76,22 @@ def _build_image() -> None:
     assert build.returncode == 0, build.stderr[-3000:]
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cluster's shared filesystem: every test's folder is made under it."""
+    return tmp_path_factory.mktemp("slurm-shared")
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+def tmp_path(shared: Path, request: pytest.FixtureRequest) -> Path:
+    path = shared / request.node.name.replace("[", "-").replace("]", "")
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(shared: Path) -> Iterator[Cluster]:
+    """One cluster for the module's tests (started in ~10 s; removed pass or fail)."""
     require_docker()
     _build_image()
     name = f"rlfleet-slurm-{uuid.uuid4().hex[:8]}"
@@ -83,7 +99,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     mounts = [
         f"{REPO}:{REPO}:ro",
         f"{python_home}:{python_home}:ro",
-        f"{tmp_path}:{tmp_path}",
+        f"{shared}:{shared}",
     ]
     security = [arg for opt in SECURITY for arg in ("--security-opt", opt)]
     volumes = [arg for m in mounts for arg in ("-v", m)]
@@ -93,7 +109,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     ]  # fmt: skip
     subprocess.run(run, check=True, capture_output=True, timeout=120)
     try:
-        bin_dir = tmp_path / "bin"
+        bin_dir = shared / "bin"
         bin_dir.mkdir()
         for command in SLURM_COMMANDS:
             wrapper = bin_dir / command
@@ -207,16 +223,16 @@ def test_ctrl_c_cancels_the_job(tmp_path: Path, cluster: Cluster) -> None:
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        # Interrupt once the trainer runs (every service up and serving).
+        # Interrupt mid-job: once a service has published its address (serving).
         deadline = time.monotonic() + 300
-        trainer_log = None
-        while trainer_log is None or not trainer_log.exists() or not trainer_log.stat().st_size:
+        addresses = None
+        while addresses is None or not addresses.read_text().strip():
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the trainer did not start in 300 s"
-            found = list((tmp_path / "jobs").glob("*/trainer.log"))
-            trainer_log = found[0] if found else None
+            assert time.monotonic() < deadline, "no service served within 300 s"
+            found = list((tmp_path / "jobs").glob("*/addresses.env"))
+            addresses = found[0] if found else None
             time.sleep(0.5)
-        job_id = trainer_log.parent.name
+        job_id = addresses.parent.name
         assert cluster.rlfleet_processes(), "no service runs on the node"
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=180)

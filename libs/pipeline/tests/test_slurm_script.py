@@ -11,6 +11,7 @@ import os
 import shlex
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,34 @@ def test_missing_image_is_named() -> None:
     p.images.pop("rollout")
     with pytest.raises(ValueError, match=r"images.rollout: no container image"):
         render_sbatch(p, "rlvr1", [], services=RLVR)
+
+
+def test_run_without_slurm_commands_is_a_one_line_error(tmp_path: Path) -> None:
+    """`rlfleet rl --run <slurm>` off a login node: no sbatch on PATH is named, exit 1;
+    a profile the plan cannot honour is named in --dry-run, exit 2 (no traceback)."""
+    rlfleet = str(Path(sys.executable).parent / "rlfleet")
+    (tmp_path / "env.toml").write_text(
+        '[c]\nlauncher = "slurm"\ncontainer_runtime = "none"\ngpus_per_node = 0\n'
+        '[big]\nlauncher = "slurm"\ncontainer_runtime = "none"\n[big.nodes]\nreward = 2\n'
+    )
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    args = [rlfleet, "rl", "rlvr", "-c", "test", "--engine", "hf", "policy.model=tiny"]
+    done = subprocess.run(
+        [*args, "--run", "c"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stderr
+    assert (
+        "`sbatch` not found on PATH: run `rlfleet rl --run <slurm profile>` on a SLURM login node"
+        in done.stderr
+    )
+    assert "Traceback" not in done.stderr
+    done = subprocess.run(
+        [*args, "--run", "big", "--dry-run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--run big: nodes.reward=2: a service runs on one node" in done.stderr
