@@ -165,8 +165,11 @@ def _run_slurm(
                 raise fail(escape(str(exc)), code=1) from None
             err.print(f"rlfleet: job {job.job_id} cancelled: {final.state}", markup=False)
             return 130
-        except SlurmError as exc:
-            raise fail(escape(str(exc)), code=1) from None
+        except SlurmError as exc:  # the job itself is left alone: it may well still run
+            raise fail(
+                escape(f"{exc}; stopped following job {job.job_id} (scancel {job.job_id} ends it)"),
+                code=1,
+            ) from None
     if final.state.startswith("COMPLETED"):
         return 0
     err.print(

@@ -133,9 +133,13 @@ def task_script(profile: SlurmProfile, comp: Component, command: list[str]) -> s
     else:
         port = service_port(profile, comp.service)
         health = _cmd([*prefix, "python", "-m", "rlfleet_core.healthcheck", f"127.0.0.1:{port}"])
+        # Publish the address once SERVING. bash's /dev/tcp first (free) until the port is
+        # bound, then the health check (a Python start each); `kill -0 $$`: the loop ends
+        # with the service (SLURM does not track orphans).
+        alive = "kill -0 $$ 2>/dev/null || exit 0"
         lines.append(
-            # `kill -0 $$`: the loop ends with the service (SLURM does not track orphans).
-            f"( until {health} >/dev/null 2>&1; do kill -0 $$ 2>/dev/null || exit 0; sleep 3; done; "
+            f"( until (: <>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; do {alive}; sleep 1; done; "
+            f"until {health} >/dev/null 2>&1; do {alive}; sleep 2; done; "
             f'echo "{comp.target_var}=$SLURMD_NODENAME:{port}" >> "$ADDRESSES" ) &'
         )
     lines.append(f"exec {_cmd([*prefix, *command])}")
