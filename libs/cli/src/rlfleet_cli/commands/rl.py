@@ -4,13 +4,17 @@ compose, or its resolved recipe and launch plan with --dry-run."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 from rlfleet_core.config import ConfigError, dump_yaml
 
 from rlfleet_cli.ui import Overrides, config_failure, err, fail, out
+
+if TYPE_CHECKING:
+    from rlfleet_contracts.recipe import RecipeConfig
+    from rlfleet_pipeline.launch.profiles import SlurmProfile
 
 
 def rl(
@@ -94,7 +98,11 @@ def rl(
         out.print("# resolved recipe")
         out.print(dump_yaml(recipe), end="", markup=False)
         out.print("# launch plan")
-        out.print(launch_plan(recipe, profile, run_dir, engine), end="", markup=False)
+        try:
+            plan = launch_plan(recipe, profile, run_dir, engine)
+        except ValueError as exc:  # a profile the plan cannot honour (names the field)
+            raise fail(escape(f"--run {run}: {exc}")) from None
+        out.print(plan, end="", markup=False)
         return
     if isinstance(profile, LocalProfile | ComposeProfile):
         use_cache_dir(profile.cache_dir)  # the fleet and the trainer inherit it
@@ -114,10 +122,66 @@ def rl(
         except ComposeError as exc:
             raise fail(escape(str(exc)), code=1) from None
         raise typer.Exit(code)
-    if not isinstance(profile, LocalProfile):
-        raise fail(
-            f"--run {run}: only local and compose stages start from this command today; "
-            f"use --dry-run to get the {profile.launcher} launch plan",
-            code=1,
-        )
+    from rlfleet_pipeline.launch.profiles import SlurmProfile
+
+    if isinstance(profile, SlurmProfile):
+        raise typer.Exit(_run_slurm(recipe, profile, run_dir, resume, service_overrides))
     raise typer.Exit(run_local(recipe, run_dir, resume, service_overrides))
+
+
+def _run_slurm(
+    recipe: RecipeConfig,
+    profile: SlurmProfile,
+    run_dir: Path,
+    resume: bool,
+    service_overrides: dict[str, list[str]],
+) -> int:
+    """Submit the stage as one heterogeneous job, show its state (spinner) and the
+    trainer's log until it ends, scancel it on Ctrl-C; the job's exit code (130 when
+    cancelled here)."""
+    from rich.markup import escape
+    from rlfleet_pipeline.launch.slurm_job import JobState, SlurmError, cancel, follow, submit_stage
+    from rlfleet_pipeline.stage import SERVICES_FOR_STAGE, STAGE_KINDS
+
+    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
+    try:
+        job = submit_stage(
+            recipe, profile, run_dir, SERVICES_FOR_STAGE[kind], service_overrides, resume
+        )
+    except (SlurmError, ValueError) as exc:
+        raise fail(escape(str(exc)), code=1) from None
+    err.print(f"rlfleet: submitted job {job.job_id}; logs in {job.log_dir}", markup=False)
+    with err.status(f"job {job.job_id}: submitted") as spinner:
+
+        def on_state(state: JobState) -> None:
+            spinner.update(f"job {job.job_id}: {state.state}")
+            err.print(f"rlfleet: job {job.job_id} {state.state}", markup=False)
+
+        try:
+            final = follow(
+                job,
+                profile.poll_s,
+                on_state,
+                lambda line: out.print(line, markup=False, highlight=False),
+            )
+        except KeyboardInterrupt:
+            spinner.update(f"job {job.job_id}: cancelling (scancel)")
+            try:
+                final = cancel(job, profile.poll_s)
+            except SlurmError as exc:
+                raise fail(escape(str(exc)), code=1) from None
+            err.print(f"rlfleet: job {job.job_id} cancelled: {final.state}", markup=False)
+            return 130
+        except SlurmError as exc:  # the job itself is left alone: it may well still run
+            raise fail(
+                escape(f"{exc}; stopped following job {job.job_id} (scancel {job.job_id} ends it)"),
+                code=1,
+            ) from None
+    if final.state.startswith("COMPLETED"):
+        return 0
+    err.print(
+        f"rlfleet: job {job.job_id} ended {final.state} (exit {final.exit_code}); "
+        f"see {job.log_dir}",
+        markup=False,
+    )
+    return final.exit_code or 1

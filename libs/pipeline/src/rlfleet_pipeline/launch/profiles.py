@@ -11,6 +11,7 @@
     account = "llm"
     partition = "batch"
     gpus_per_node = 8
+    container_runtime = "pyxis"
     mounts = ["/lustre:/lustre"]
     [my-cluster.images]
     trainer = "/lustre/images/rlfleet-trainer.sqsh"
@@ -65,23 +66,51 @@ class NodeCounts(ConfigModel):
 
 
 class SlurmProfile(ConfigModel):
+    """One heterogeneous SLURM job per stage (docs/slurm.md; deploy/slurm/env.toml.example)."""
+
     launcher: Literal["slurm"] = "slurm"
-    account: str
-    partition: str
+    account: str | None = None
+    """`#SBATCH --account`; None = the submitter's default account."""
+    partition: str | None = None
+    """Partition for the GPU services (trainer, rollout); None = the cluster's default."""
     cpu_partition: str | None = None
     """Partition for CPU-only services (reward, sandbox, swe-runner); default `partition`."""
-    time: str = "04:00:00"
-    gpus_per_node: int = Field(8, ge=1)
+    time: str | None = "04:00:00"
+    """`#SBATCH --time`; None = the partition's limit."""
+    gpus_per_node: int = Field(8, ge=0)
+    """GPUs the trainer and rollout components ask for per node (0 = none: CPU clusters)."""
+    trainer_tasks_per_node: int | None = Field(None, ge=1)
+    """Trainer ranks per node (one srun task each, with RANK/WORLD_SIZE/LOCAL_RANK set
+    from SLURM); None = gpus_per_node (1 when that is 0)."""
+    master_port: int = Field(29500, ge=1, le=65535)
+    """MASTER_PORT of the trainer's ranks (MASTER_ADDR is the trainer's first node)."""
+    exclusive: bool = True
+    """`#SBATCH --exclusive` on every component: no other job shares its nodes. False
+    lets components share a node (a one-node cluster must, to hold every service)."""
     nodes: NodeCounts = NodeCounts()
-    container_runtime: Literal["pyxis", "apptainer"] = "pyxis"
-    """pyxis: srun --container-image (enroot squashfs); apptainer: `apptainer exec <.sif>`."""
+    container_runtime: Literal["pyxis", "apptainer", "none"] = "pyxis"
+    """pyxis: srun --container-image (enroot squashfs); apptainer: `apptainer exec <.sif>`;
+    none: the node's own environment (rlfleet installed there, e.g. by `setup`)."""
     images: dict[str, str] = Field(default_factory=dict)
     """Per-service image: .sqsh / docker:// URI for pyxis, .sif path for apptainer."""
     mounts: list[str] = Field(default_factory=list)
     """host:container bind mounts (shared filesystem for checkpoints and data)."""
+    setup: list[str] = Field(default_factory=list)
+    """Shell lines run on each node before its service starts (inside the container for
+    pyxis), e.g. `source /shared/rlfleet/.venv/bin/activate` for container_runtime=none."""
     job_dir: str = "runs/slurm"
-    """Where the job writes logs and the service address file (must be shared)."""
-    grpc_port: int = 50051
+    """Where the job writes logs and the service address file (must be shared); relative
+    paths are taken from the folder `rlfleet rl` runs in (the job's working folder)."""
+    grpc_port: int = Field(50051, ge=1, le=65535 - 4)
+    """Base gRPC port: rollout listens on +1, reward +2, sandbox +3, swe-runner +4, so
+    that components sharing a node do not collide."""
+    start_timeout_s: int = Field(1800, ge=10)
+    """How long the trainer waits for every service to publish its address; past it (or
+    as soon as a service's step exits) the job fails naming the service and its log."""
+    poll_s: float = Field(5.0, gt=0)
+    """How often `rlfleet rl --run` asks squeue/sacct for the job's state."""
+    sbatch_args: list[str] = Field(default_factory=list)
+    """Extra `sbatch` flags (e.g. `--qos=high`), given on the command line at submit."""
 
 
 Profile = LocalProfile | ComposeProfile | SlurmProfile

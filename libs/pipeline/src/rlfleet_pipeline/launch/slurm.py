@@ -1,11 +1,18 @@
 """The sbatch script for one stage on SLURM: a heterogeneous job with one component per
-service, each in its own container, each running Ray across its nodes.
+service (docs/slurm.md).
 
-Component order is fixed (trainer, rollout, reward[, sandbox][, swe-runner]). On every
-component the first node runs the Ray head and the gRPC service; the other nodes join as
-Ray workers. Services find each other through `<job_dir>/<jobid>/addresses.env`: each
-component's first node appends `<SERVICE>_TARGET=host:port` once it is SERVING, and the
-trainer starts only when every address is there, so no port is guessed across nodes.
+Component order is fixed (trainer, rollout, reward[, sandbox][, swe-runner]). A service
+runs as one task on its component's first node, listening on 0.0.0.0 at its own port
+(`grpc_port` + an offset per service, so that components sharing a node do not collide).
+Services find each other through `<job_dir>/<jobid>/addresses.env`: each service appends
+`<SERVICE>_TARGET=<node>:<port>` once its health check says SERVING, and whoever needs an
+address (the reward gateway the sandbox's, the trainer all of them) sources the file until
+it is there. The wait has a deadline and ends as soon as a service's step exits, naming
+the service and its log; no port is guessed across nodes.
+
+The trainer component runs `trainer_tasks_per_node` tasks on each of its nodes, each with
+torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK from SLURM; MASTER_ADDR = the
+component's first node, MASTER_PORT from the profile).
 
 Every service binds 0.0.0.0, so the job makes the fleet's shared auth token first
 (`<job_dir>/<jobid>/auth_token`, mode 0600, 32 random bytes URL-safe like
@@ -22,12 +29,15 @@ from dataclasses import dataclass
 from rlfleet_pipeline.launch.profiles import SlurmProfile
 
 ENTRY = {
+    "trainer": "rlfleet-trainer",
     "rollout": "rlfleet-rollout",
     "reward": "rlfleet-reward",
     "sandbox": "rlfleet-sandbox",
     "swe-runner": "rlfleet-swe",
 }
 GPU_SERVICES = ("trainer", "rollout")
+PORT_OFFSET = {"rollout": 1, "reward": 2, "sandbox": 3, "swe-runner": 4}
+"""Each service's gRPC port is profile.grpc_port + this (components may share a node)."""
 
 
 @dataclass
@@ -35,30 +45,54 @@ class Component:
     service: str
     nodes: int
     gpus_per_node: int
-    partition: str
+    partition: str | None
+    tasks_per_node: int = 1
 
     @property
     def target_var(self) -> str:
         return self.service.upper().replace("-", "_") + "_TARGET"
 
 
-def components(profile: SlurmProfile) -> list[Component]:
+def components(profile: SlurmProfile, services: list[str] | None = None) -> list[Component]:
+    """The job's components: the trainer, then the stage's `services` (None = those the
+    profile gives nodes: rollout, reward, sandbox if nodes.sandbox, swe-runner if
+    nodes.swe_runner), in a fixed order."""
     n = profile.nodes
     cpu = profile.cpu_partition or profile.partition
-    comps = [
-        Component("trainer", n.trainer, profile.gpus_per_node, profile.partition),
-        Component("rollout", n.rollout, profile.gpus_per_node, profile.partition),
-        Component("reward", n.reward, 0, cpu),
-    ]
-    if n.sandbox:
-        comps.append(Component("sandbox", n.sandbox, 0, cpu))
-    if n.swe_runner:
-        comps.append(Component("swe-runner", n.swe_runner, 0, cpu))
+    gpus = profile.gpus_per_node
+    ranks = profile.trainer_tasks_per_node or max(1, gpus)
+    counts = {
+        "rollout": n.rollout,
+        "reward": n.reward,
+        "sandbox": n.sandbox,
+        "swe-runner": n.swe_runner,
+    }
+    wanted = [s for s in counts if counts[s]] if services is None else services
+    unknown = sorted(set(wanted) - set(counts))
+    if unknown:
+        raise ValueError(f"services {unknown}: expected some of {', '.join(counts)}")
+    comps = [Component("trainer", n.trainer, gpus, profile.partition, ranks)]
+    for service in counts:
+        if service in wanted:
+            gpu = service in GPU_SERVICES
+            part = profile.partition if gpu else cpu
+            comps.append(Component(service, max(1, counts[service]), gpus if gpu else 0, part))
+    for comp in comps[1:]:
+        if comp.nodes > 1:
+            # A service is one process: more nodes would sit idle (and a Ray cluster
+            # started on them would be used by nothing) until it can spread over them.
+            raise ValueError(
+                f"nodes.{comp.service.replace('-', '_')}={comp.nodes}: a service runs on one "
+                "node (one process; its replicas/workers do not yet join a Ray cluster across "
+                "nodes); set it to 1"
+            )
     return comps
 
 
 def container_args(profile: SlurmProfile, service: str) -> tuple[list[str], list[str]]:
     """(srun flags, command prefix) that put `service` in its container."""
+    if profile.container_runtime == "none":
+        return [], []
     image = profile.images.get(service)
     if image is None:
         raise ValueError(f"images.{service}: no container image set in the profile")
@@ -67,128 +101,183 @@ def container_args(profile: SlurmProfile, service: str) -> tuple[list[str], list
         if profile.mounts:
             flags.append(f"--container-mounts={','.join(profile.mounts)}")
         return flags, []
-    binds = [f"--bind={m}" for m in profile.mounts]
-    return [], [
-        "apptainer",
-        "exec",
-        "--nv" if service in GPU_SERVICES else "--containall",
-        *binds,
-        image,
-    ]
+    # apptainer passes the task's environment (SLURM_*, the addresses, the token file) in.
+    nv = ["--nv"] if service in GPU_SERVICES and profile.gpus_per_node else []
+    return [], ["apptainer", "exec", *nv, *(f"--bind={m}" for m in profile.mounts), image]
 
 
 def _arg(value: str) -> str:
     """Shell-quote, but let `$VAR` expand on the node (addresses are known only there)."""
-    if "$" in value and all(c.isalnum() or c in "$_.:=-/" for c in value):
+    if "$" in value and all(c.isalnum() or c in "$_.:=-/{}" for c in value):
         return f'"{value}"'
     return shlex.quote(value)
 
 
-def _wait_for(variables: list[str]) -> str:
-    ready = " && ".join(f'[[ -n "${{{v}:-}}" ]]' for v in variables)
-    return f'until set -a && source "$ADDRESSES" && set +a && {ready}; do sleep 5; done'
+def _cmd(words: list[str]) -> str:
+    return " ".join(_arg(w) for w in words)
 
 
-def node_script(profile: SlurmProfile, index: int, comp: Component, command: list[str]) -> str:
-    """Runs on every node of a component: Ray worker, or Ray head + the service."""
-    publish = ""
-    if comp.service != "trainer":
-        port = profile.grpc_port
-        publish = (
-            f"  ( until python -m rlfleet_core.healthcheck 127.0.0.1:{port} >/dev/null 2>&1; "
-            f'do sleep 2; done; echo "{comp.target_var}=$head:{port}" >> "$ADDRESSES" ) &\n'
+def service_port(profile: SlurmProfile, service: str) -> int:
+    return profile.grpc_port + PORT_OFFSET[service]
+
+
+def task_script(profile: SlurmProfile, comp: Component, command: list[str]) -> str:
+    """What each task of a component runs (in its container for pyxis)."""
+    _, prefix = container_args(profile, comp.service)
+    lines = list(profile.setup)
+    if comp.service == "trainer":
+        lines.append(
+            'export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID" '
+            f'MASTER_ADDR="$TRAINER_HEAD" MASTER_PORT={profile.master_port}'
         )
-    return (
-        f'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_{index}" | head -n1)\n'
-        'if [[ "$(hostname)" == "$head" ]]; then\n'
-        "  ray start --head --port=6379 --disable-usage-stats\n"
-        f"{publish}"
-        f"  exec {' '.join(_arg(a) for a in command)}\n"
-        "else\n"
-        '  exec ray start --address="$head:6379" --block --disable-usage-stats\n'
-        "fi"
-    )
+    else:
+        port = service_port(profile, comp.service)
+        health = _cmd([*prefix, "python", "-m", "rlfleet_core.healthcheck", f"127.0.0.1:{port}"])
+        # Publish the address once SERVING. bash's /dev/tcp first (free) until the port is
+        # bound, then the health check (a Python start each); `kill -0 $$`: the loop ends
+        # with the service (SLURM does not track orphans).
+        alive = "kill -0 $$ 2>/dev/null || exit 0"
+        lines.append(
+            f"( until (: <>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; do {alive}; sleep 1; done; "
+            f"until {health} >/dev/null 2>&1; do {alive}; sleep 2; done; "
+            f'echo "{comp.target_var}=$SLURMD_NODENAME:{port}" >> "$ADDRESSES" ) &'
+        )
+    lines.append(f"exec {_cmd([*prefix, *command])}")
+    return "\n".join(lines)
 
 
 def srun_line(profile: SlurmProfile, index: int, comp: Component, command: list[str]) -> str:
-    flags, prefix = container_args(profile, comp.service)
+    flags, _ = container_args(profile, comp.service)
+    nodes = comp.nodes if comp.service == "trainer" else 1
     srun = [
         "srun",
         f"--het-group={index}",
-        f"--nodes={comp.nodes}",
-        "--ntasks-per-node=1",
+        f"--nodes={nodes}",
+        f"--ntasks-per-node={comp.tasks_per_node}",
+        f"--ntasks={nodes * comp.tasks_per_node}",
         *flags,
-        *prefix,
         "bash",
         "-c",
-        node_script(profile, index, comp, command),
+        task_script(profile, comp, command),
     ]
     return shlex.join(srun)
 
 
-def render_sbatch(profile: SlurmProfile, stage: str, trainer_args: list[str]) -> str:
-    """The whole sbatch script; `trainer_args` follow `rlfleet-trainer run`."""
-    comps = components(profile)
+def _wait_for(variables: list[str]) -> str:
+    return f"wait_for {' '.join(variables)}"
+
+
+WAIT_FOR = """\
+# wait_for VAR...: source $ADDRESSES until every VAR is set; fail at once when a service's
+# step has exited, or after START_TIMEOUT_S.
+wait_for() {
+  local deadline=$((SECONDS + START_TIMEOUT_S)) var pid missing
+  while :; do
+    set -a; source "$ADDRESSES"; set +a
+    missing=""
+    for var in "$@"; do [[ -n "${!var:-}" ]] || missing="$missing $var"; done
+    [[ -z "$missing" ]] && return 0
+    for pid in "${!STEPS[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        echo "rlfleet: ${STEPS[$pid]} exited before serving; see $LOGS/${STEPS[$pid]}.log" >&2
+        tail -n 20 "$LOGS/${STEPS[$pid]}.log" >&2 || true
+        exit 1
+      fi
+    done
+    if (( SECONDS >= deadline )); then
+      echo "rlfleet: no address for$missing after ${START_TIMEOUT_S}s; see $LOGS" >&2
+      exit 1
+    fi
+    sleep 2
+  done
+}"""
+
+
+def render_sbatch(
+    profile: SlurmProfile,
+    stage: str,
+    trainer_args: list[str],
+    service_overrides: dict[str, list[str]] | None = None,
+    services: list[str] | None = None,
+) -> str:
+    """The whole sbatch script; `trainer_args` follow `rlfleet-trainer run`;
+    `service_overrides` are each service's key=value overrides (the rollout's engine=
+    and model=, as `rollout_overrides` makes them); `services` as for `components`."""
+    overrides = service_overrides or {}
+    comps = components(profile, services)
     logs = f"{profile.job_dir}/$SLURM_JOB_ID"
-    head = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name=rlfleet-{stage}",
-        f"#SBATCH --account={profile.account}",
-        f"#SBATCH --time={profile.time}",
-        f"#SBATCH --output={profile.job_dir}/%j/sbatch.log",
-    ]
+    head = ["#!/bin/bash", f"#SBATCH --job-name=rlfleet-{stage}"]
+    if profile.account:
+        head.append(f"#SBATCH --account={profile.account}")
+    if profile.time:
+        head.append(f"#SBATCH --time={profile.time}")
+    # job_dir is made by the submitter: SLURM does not create the output's folder.
+    head.append(f"#SBATCH --output={profile.job_dir}/slurm-%j.out")
     for i, comp in enumerate(comps):
         if i:
             head.append("#SBATCH hetjob")
+        if comp.partition:
+            head.append(f"#SBATCH --partition={comp.partition}")
         head += [
-            f"#SBATCH --partition={comp.partition}",
             f"#SBATCH --nodes={comp.nodes}",
-            "#SBATCH --ntasks-per-node=1",
-            "#SBATCH --exclusive",
+            f"#SBATCH --ntasks-per-node={comp.tasks_per_node}",
         ]
+        if profile.exclusive:
+            head.append("#SBATCH --exclusive")
         if comp.gpus_per_node:
             head.append(f"#SBATCH --gpus-per-node={comp.gpus_per_node}")
     body = [
         "",
         "set -euo pipefail",
-        f'export ADDRESSES="{logs}/addresses.env"',
-        'mkdir -p "$(dirname "$ADDRESSES")" && : > "$ADDRESSES"',
+        f'LOGS="{logs}"',
+        'export ADDRESSES="$LOGS/addresses.env"',
+        'mkdir -p "$LOGS" && : > "$ADDRESSES"',
+        f"START_TIMEOUT_S={profile.start_timeout_s}",
+        "declare -A STEPS=()  # pid of each service's srun -> service",
+        'TRAINER_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0" | head -n1)',
+        "export TRAINER_HEAD",
         "",
         "# the fleet's shared auth token (docs/security.md): every service binds 0.0.0.0",
         'if [[ -z "${RLFLEET_AUTH_TOKEN_FILE:-}${RLFLEET_AUTH_TOKEN:-}" ]]; then',
-        f'  export RLFLEET_AUTH_TOKEN_FILE="{logs}/auth_token"',
+        '  export RLFLEET_AUTH_TOKEN_FILE="$LOGS/auth_token"',
         "  (umask 077 && head -c 32 /dev/urandom | base64 -w0 | tr '+/' '-_' | tr -d '=' "
         '> "$RLFLEET_AUTH_TOKEN_FILE")',
         "fi",
+        "",
+        WAIT_FOR,
+        "",
     ]
-    if profile.container_runtime != "pyxis":
-        # apptainer --containall starts from a clean environment but passes APPTAINERENV_*.
-        body += [
-            'export APPTAINERENV_ADDRESSES="$ADDRESSES"',
-            'export APPTAINERENV_RLFLEET_AUTH_TOKEN_FILE="${RLFLEET_AUTH_TOKEN_FILE:-}"',
-            'export APPTAINERENV_RLFLEET_AUTH_TOKEN="${RLFLEET_AUTH_TOKEN:-}"',
-        ]
-    body.append("")
-    port = ["--host", "0.0.0.0", "--port", str(profile.grpc_port)]
     indexed = list(enumerate(comps))
     # The reward gateway needs the sandbox's address, so it starts after the others.
     for i, comp in sorted(indexed[1:], key=lambda ic: ic[1].service == "reward"):
-        command = [ENTRY[comp.service], *port]
-        if comp.service == "reward" and profile.nodes.sandbox:
+        port = service_port(profile, comp.service)
+        command = [ENTRY[comp.service], "--host", "0.0.0.0", "--port", str(port)]
+        if comp.service == "reward" and any(c.service == "sandbox" for c in comps):
             body.append(_wait_for(["SANDBOX_TARGET"]))
             command.append("sandbox.target=$SANDBOX_TARGET")
-        body.append(f'{srun_line(profile, i, comp, command)} > "{logs}/{comp.service}.log" 2>&1 &')
+        command += overrides.get(comp.service, [])
+        body.append(f'{srun_line(profile, i, comp, command)} > "$LOGS/{comp.service}.log" 2>&1 &')
+        body.append(f"STEPS[$!]={comp.service}")
     body += [
         "",
         "# every service publishes its address once SERVING; then the trainer starts",
         _wait_for([c.target_var for c in comps[1:]]),
         "",
     ]
-    trainer = [*trainer_args, "services.rollout=$ROLLOUT_TARGET", "services.reward=$REWARD_TARGET"]
+    trainer = [
+        ENTRY["trainer"],
+        "run",
+        *trainer_args,
+        "services.rollout=$ROLLOUT_TARGET",
+        "services.reward=$REWARD_TARGET",
+        *overrides.get("trainer", []),
+    ]
     body += [
-        f'{srun_line(profile, 0, comps[0], ["rlfleet-trainer", "run", *trainer])} 2>&1 | tee "{logs}/trainer.log"',
+        "set +e",
+        f'{srun_line(profile, 0, comps[0], trainer)} 2>&1 | tee "$LOGS/trainer.log"',
         "status=${PIPESTATUS[0]}",
-        "kill $(jobs -p) 2>/dev/null || true",
+        "kill $(jobs -p) 2>/dev/null",
+        'echo "rlfleet: trainer exited with $status"',
         "exit $status",
     ]
     return "\n".join(head + body) + "\n"
