@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from rlfleet_core.config import load_config
 from rlfleet_core.server import RunningServer, ServiceDefinition, start_service
@@ -22,3 +23,26 @@ async def running_service(
     finally:
         running.stop_event.set()
         await running.done
+
+
+@contextlib.contextmanager
+def ray_cluster(
+    nodes: int = 2, num_cpus: int = 1, object_store_bytes: int = 80 << 20
+) -> Iterator[Any]:
+    """A real Ray cluster of `nodes` nodes on this host (a head plus workers, each its own
+    raylet, so each has its own node id), always torn down: only its own processes are
+    stopped (never `ray stop`, which kills every Ray on the host). Its `.address` is what
+    a service's `ray.address` takes; `.list_all_nodes()` gives the nodes to remove."""
+    from rlfleet_core.raycluster import no_uv_runtime_env
+
+    no_uv_runtime_env()
+    from ray.cluster_utils import Cluster
+
+    args = {"num_cpus": num_cpus, "object_store_memory": object_store_bytes}
+    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(**args)
+        yield cluster
+    finally:
+        cluster.shutdown()
