@@ -46,3 +46,27 @@ def ray_cluster(
         yield cluster
     finally:
         cluster.shutdown()
+
+
+def ray_actor_pids(node: Any, actor_class: str) -> list[int]:
+    """Pids of the `actor_class` actors on `node` (a `ray_cluster` node): the raylet's
+    children whose process title Ray set to `ray::<actor_class>...`."""
+    import os
+
+    from ray._private import ray_constants
+
+    raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                title = fh.read().split(b"\0")[0].decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == raylet and title.startswith(f"ray::{actor_class}"):
+            found.append(int(name))
+    return found
