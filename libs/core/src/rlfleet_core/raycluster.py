@@ -84,9 +84,7 @@ async def connect(config: RayConfig) -> bool:
         left = deadline - time.monotonic()
         try:
             await asyncio.wait_for(
-                asyncio.to_thread(
-                    ray.init, log_to_driver=False, configure_logging=False, **kwargs
-                ),
+                asyncio.to_thread(ray.init, log_to_driver=False, configure_logging=False, **kwargs),
                 max(left, 1.0),
             )
             return True
@@ -120,7 +118,7 @@ async def place(config: RayConfig, timeout_s: float) -> Any:
         await asyncio.wait_for(as_future(group.ready()), timeout_s)
     except (TimeoutError, Exception) as exc:
         remove_placement_group(group)
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
         cpus = [n.get("Resources", {}).get("CPU", 0) for n in nodes]
         raise RuntimeError(
             f"cannot place ray.workers={config.workers} actors of "
@@ -183,4 +181,4 @@ def no_uv_runtime_env() -> None:
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:  # Ray imported already: its constant was read at import
-        constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+        constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False  # type: ignore[attr-defined]

@@ -38,14 +38,14 @@ def ray_cluster(
     no_uv_runtime_env()
     from ray.cluster_utils import Cluster
 
-    args = {"num_cpus": num_cpus, "object_store_memory": object_store_bytes}
+    args: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": object_store_bytes}
     cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
     try:
         for _ in range(nodes - 1):
             cluster.add_node(**args)
         yield cluster
     finally:
-        cluster.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]
 
 
 def ray_actor_pids(node: Any, actor_class: str) -> list[int]:

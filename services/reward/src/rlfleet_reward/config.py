@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator

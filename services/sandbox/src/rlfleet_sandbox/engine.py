@@ -13,7 +13,7 @@ from rlfleet_sandbox.config import SandboxServiceConfig
 from rlfleet_sandbox.metrics import EXECUTION_SECONDS, EXECUTIONS
 from rlfleet_sandbox.pool import WarmPool
 from rlfleet_sandbox.ray_pool import RaySandboxes
-from rlfleet_sandbox.sandbox import RawRun, SandboxSpec, local_spawner
+from rlfleet_sandbox.sandbox import RawRun, SandboxSpec, Spawner, local_spawner
 from rlfleet_sandbox.sessions import RESET_NOTE, Session, SessionManager, owner_of
 from rlfleet_sandbox.types import (
     ExecRequest,
@@ -42,6 +42,7 @@ class SandboxEngine:
     def __init__(self, config: SandboxServiceConfig) -> None:
         self.config = config
         self.ray: RaySandboxes | None = None
+        spawn: Spawner
         if config.pool.backend == "ray":
             # The spec (bwrap, seccomp, bind paths) is built by each node's actor.
             self.ray = RaySandboxes(config.ray, config.isolation)

@@ -13,9 +13,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.resources import files
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from rlfleet_sandbox.config import IsolationConfig
