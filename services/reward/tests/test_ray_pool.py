@@ -94,9 +94,15 @@ def test_workers_run_on_both_nodes_and_score_as_the_process_pool(
     assert all("ray_node" not in s.info for s in local_scores)
 
 
-def test_a_lost_node_moves_calls_to_the_other(tmp_path: Path, cluster: Any) -> None:
+def test_a_lost_node_moves_calls_to_the_other(tmp_path: Path) -> None:
     """The worker node dies (its raylet and the actor on it are killed): every call still
-    gets its right verdict, from the head node's worker; none hangs or errors."""
+    gets its right verdict, from the head node's worker; none hangs or errors. A cluster
+    of its own: this one loses a node."""
+    with ray_cluster(nodes=2) as cluster:
+        lose_a_node(tmp_path, cluster)
+
+
+def lose_a_node(tmp_path: Path, cluster: Any) -> None:
     server = ray_server(tmp_path, cluster, "ray-lost")
     try:
         before = score_all(server.grpc_target)
@@ -109,7 +115,6 @@ def test_a_lost_node_moves_calls_to_the_other(tmp_path: Path, cluster: Any) -> N
         assert "lost" in server.log()
     finally:
         assert stop_reward_server(server) == 0, server.log()
-        cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
 
 
 def test_too_few_nodes_for_strict_spread_fails_start_with_a_clear_error(

@@ -39,10 +39,19 @@ def ray_cluster(
     from ray.cluster_utils import Cluster
 
     args: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": object_store_bytes}
-    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    for attempt in range(3):
+        cluster = Cluster()
+        try:
+            cluster.add_node(**args, include_dashboard=False)  # the first node is the head
+            for _ in range(nodes - 1):
+                cluster.add_node(**args)
+            break
+        except Exception as exc:
+            cluster.shutdown()  # type: ignore[no-untyped-call]
+            # Ray gives a raylet a fixed 30 s to register; a loaded host can miss it.
+            if "timed out" not in str(exc) or attempt == 2:
+                raise
     try:
-        for _ in range(nodes - 1):
-            cluster.add_node(**args)
         yield cluster
     finally:
         cluster.shutdown()  # type: ignore[no-untyped-call]

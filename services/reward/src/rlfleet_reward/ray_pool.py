@@ -185,6 +185,8 @@ class RayVerifierPool:
                 try:
                     score = await self._call(index, env, spec, sample, budget)
                 except _ActorLost as lost:
+                    if self._closed:  # stop() kills the actors: not a lost node
+                        return failure(FailureKind.OVERLOADED, "reward service is shutting down")
                     if deadline - time.monotonic() < _MIN_RETRY_BUDGET_S:
                         return failure(FailureKind.VERIFIER_ERROR, str(lost))
                     continue
