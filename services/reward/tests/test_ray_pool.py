@@ -4,6 +4,8 @@ module (Ray is slow to start on a 2-core host), always torn down. No assertion i
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +16,8 @@ import pytest
 from cases import math_row, mcqa_row
 from pydantic import ValidationError
 from reward_support import RewardServer, score_request, start_reward_server, stop_reward_server
-from rlfleet_core.testing import ray_cluster
-from rlfleet_proto.v1 import reward_pb2_grpc
+from rlfleet_core.testing import ray_actor_pids, ray_cluster
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.config import RewardServiceConfig
 
 pytestmark = pytest.mark.slow
@@ -113,6 +115,23 @@ def lose_a_node(tmp_path: Path, cluster: Any) -> None:
         assert {s.info["ray_node"] for s in after} == {head_id}
         assert [s.reward for s in after] == [s.reward for s in before]
         assert "lost" in server.log()
+    finally:
+        assert stop_reward_server(server) == 0, server.log()
+
+
+def test_no_worker_left_is_a_clear_failure(tmp_path: Path, cluster: Any) -> None:
+    """The only actor's process is SIGKILLed: calls answer VERIFIER_ERROR saying no
+    worker is left (not a hang, not an error reply), and the service still stops."""
+    server = ray_server(tmp_path, cluster, "ray-one", "ray.workers=1", "ray.strategy=spread")
+    try:
+        assert score_all(server.grpc_target)[0].reward == 1.0
+        nodes = [cluster.head_node, *cluster.worker_nodes]
+        pids = [pid for node in nodes for pid in ray_actor_pids(node, "VerifierNode")]
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        after = score_all(server.grpc_target)
+        assert {s.failure_kind for s in after} == {reward_pb2.FAILURE_KIND_VERIFIER_ERROR}
+        assert all("no Ray verifier worker left" in s.failure_reason for s in after[1:])
     finally:
         assert stop_reward_server(server) == 0, server.log()
 
