@@ -11,6 +11,7 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 from pydantic import ValidationError
 from rlfleet_core.raycluster import RayConfig
@@ -132,6 +133,26 @@ async def test_a_killed_node_actor_moves_runs_and_resets_its_sessions(cluster: A
         assert fresh["stdout"] == "5\n" and "session_reset" not in fresh, fresh
         kept = await execute(harness, "print(x)", on_head)
         assert kept["stdout"] == "1\n" and kept["ray_node"] == head
+    finally:
+        await stop_harness(harness)
+    left = await asyncio.to_thread(no_sandbox_left)
+    assert not left, f"sandbox processes outlived the service: {left}"
+
+
+async def test_no_node_left_is_a_clear_refusal(cluster: Any) -> None:
+    """The only actor's process is SIGKILLed: a run is refused with UNAVAILABLE saying no
+    sandbox can be started (once the replacements gave up), not left waiting."""
+    harness = await start_harness(ray_config(cluster, workers=1, strategy="spread"))
+    try:
+        assert (await execute(harness, "print(1)"))["stdout"] == "1\n"
+        nodes = [cluster.head_node, *cluster.worker_nodes]
+        pids = [pid for node in nodes for pid in ray_actor_pids(node, "SandboxNode")]
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await harness.run("print(1)")
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "no Ray sandbox node can start a sandbox" in str(info.value.details())
     finally:
         await stop_harness(harness)
     left = await asyncio.to_thread(no_sandbox_left)

@@ -30,6 +30,7 @@ from rlfleet_sandbox.types import ExecRequest
 logger = logging.getLogger(__name__)
 
 _RESPAWN_BACKOFF_S = (0.05, 0.2, 1.0, 5.0)
+_BROKEN_CHECK_S = 1.0  # how often a waiting run checks whether any sandbox can still come
 
 
 class WarmPool:
@@ -91,11 +92,11 @@ class WarmPool:
         self._waiting += 1
         POOL_WAITING.set(self._waiting)
         try:
-            sandbox = await self._idle.get()
+            sandbox = await self._next_idle()
             while not sandbox.alive:  # its node was lost while it waited: replace it
                 RETIRED.labels("unhealthy").inc()
                 self._track(self._replace(sandbox))
-                sandbox = await self._idle.get()
+                sandbox = await self._next_idle()
         finally:
             self._waiting -= 1
             POOL_WAITING.set(self._waiting)
@@ -106,6 +107,16 @@ class WarmPool:
         finally:
             self._busy.discard(sandbox)
             self._give_back(sandbox)
+
+    async def _next_idle(self) -> SandboxHandle:
+        """The next idle sandbox; Unavailable once none is left, none is running and every
+        replacement has given up (no waiting on until the caller's deadline)."""
+        while True:
+            try:
+                return await asyncio.wait_for(self._idle.get(), _BROKEN_CHECK_S)
+            except TimeoutError:
+                if not self._busy and not self._tasks and self.last_error:
+                    raise Unavailable(f"no sandbox can be started: {self.last_error}") from None
 
     def _give_back(self, sandbox: SandboxHandle) -> None:
         if self._closed:
