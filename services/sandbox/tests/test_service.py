@@ -187,6 +187,26 @@ async def test_session_that_ignores_its_timeout_is_reset(sandbox: Harness) -> No
     assert after.stdout == "False\n"
 
 
+async def test_session_whose_sandbox_died_between_calls_says_its_state_is_lost(
+    sandbox: Harness,
+) -> None:
+    """Its sandbox is killed from outside while idle (the OOM killer, a lost Ray node):
+    the next cell runs on a fresh interpreter and says the state is lost, never silently."""
+    sid = (
+        await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
+    ).session_id
+    await sandbox.run("kept = 1", session_id=sid)
+    for pid, _ in sandbox_processes():  # the pool's sandboxes too: they are replaced
+        os.kill(pid, signal.SIGKILL)
+    assert not await asyncio.to_thread(wait_no_sandbox_processes)
+    await asyncio.sleep(0.2)  # the service reaps its children
+    after = await sandbox.run("print('kept' in globals())", session_id=sid)
+    assert after.stdout == "False\n" and "state is lost" in after.stderr, after
+    again = await sandbox.run("print('again')", session_id=sid)
+    assert again.stdout == "again\n" and "state is lost" not in again.stderr
+    await sandbox.assert_healthy()
+
+
 async def test_sessions_are_capped_and_expire_when_idle() -> None:
     harness = await start_harness(
         make_config(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from rlfleet_core.config import load_config
 from rlfleet_core.server import RunningServer, ServiceDefinition, start_service
@@ -22,3 +23,59 @@ async def running_service(
     finally:
         running.stop_event.set()
         await running.done
+
+
+@contextlib.contextmanager
+def ray_cluster(
+    nodes: int = 2, num_cpus: int = 1, object_store_bytes: int = 80 << 20
+) -> Iterator[Any]:
+    """A real Ray cluster of `nodes` nodes on this host (a head plus workers, each its own
+    raylet, so each has its own node id), always torn down: only its own processes are
+    stopped (never `ray stop`, which kills every Ray on the host). Its `.address` is what
+    a service's `ray.address` takes; `.list_all_nodes()` gives the nodes to remove."""
+    from rlfleet_core.raycluster import no_uv_runtime_env
+
+    no_uv_runtime_env()
+    from ray.cluster_utils import Cluster
+
+    args: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": object_store_bytes}
+    for attempt in range(3):
+        cluster = Cluster()
+        try:
+            cluster.add_node(**args, include_dashboard=False)  # the first node is the head
+            for _ in range(nodes - 1):
+                cluster.add_node(**args)
+            break
+        except Exception as exc:
+            cluster.shutdown()  # type: ignore[no-untyped-call]
+            # Ray gives a raylet a fixed 30 s to register; a loaded host can miss it.
+            if "timed out" not in str(exc) or attempt == 2:
+                raise
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()  # type: ignore[no-untyped-call]
+
+
+def ray_actor_pids(node: Any, actor_class: str) -> list[int]:
+    """Pids of the `actor_class` actors on `node` (a `ray_cluster` node): the raylet's
+    children whose process title Ray set to `ray::<actor_class>...`."""
+    import os
+
+    from ray._private import ray_constants
+
+    raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                title = fh.read().split(b"\0")[0].decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == raylet and title.startswith(f"ray::{actor_class}"):
+            found.append(int(name))
+    return found

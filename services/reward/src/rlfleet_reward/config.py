@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
+from rlfleet_core.raycluster import RayConfig
 from rlfleet_core.server import ServiceConfig
 
 from rlfleet_reward.environments import ENVIRONMENT_NAMES
@@ -15,8 +17,13 @@ from rlfleet_reward.placement import check_placements
 class PoolConfig(ConfigModel):
     """The verifier worker processes (`pool.*`)."""
 
+    backend: Literal["process", "ray"] = "process"
+    """Where the worker processes run: `process`, on this host; `ray`, spread over a Ray
+    cluster (`ray.*`): `ray.workers` Ray actors, each running `workers` processes on its
+    node with the same timeouts and kill-and-replace (docs/reward.md, "Ray mode")."""
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=256)
-    """Worker processes scoring CPU-bound environments; default one per core."""
+    """Worker processes scoring CPU-bound environments; default one per core. With
+    `backend=ray`, per Ray actor."""
     max_queue: int = Field(4096, ge=1)
     """Jobs that may wait for a worker; beyond this, calls get RESOURCE_EXHAUSTED (HTTP 429)."""
     kill_grace_s: float = Field(1.0, gt=0, le=60)
@@ -110,6 +117,8 @@ class RewardServiceConfig(ServiceConfig):
     """ScoreStream requests of one stream being scored at once; the stream reads no
     further until one finishes (flow control instead of unbounded buffering)."""
     pool: PoolConfig = PoolConfig()
+    ray: RayConfig = RayConfig()
+    """The Ray cluster of `pool.backend=ray` (unused otherwise)."""
     limits: LimitsConfig = LimitsConfig()
     sandbox: SandboxConfig = SandboxConfig()
 

@@ -7,7 +7,8 @@ their status codes. Anything that goes wrong *while* scoring comes back as a `Sc
 with a failure kind and reason, never as an exception and never as a silent 0.
 
 Each environment's `score` runs where its placement says (placement.py): inline on this
-event loop, in a thread, or in the worker pool.
+event loop, in a thread, or in the worker pool (on this host, or over a Ray cluster:
+ray_pool.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rlfleet_reward.environments.base import Environment, Placement
 from rlfleet_reward.limits import JsonCheck, check_size, check_text, clip, loads
 from rlfleet_reward.placement import InlineRunner, ThreadRunner, resolve
 from rlfleet_reward.pool import VerifierPool
+from rlfleet_reward.ray_pool import RayVerifierPool
 from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxClient
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
 
@@ -84,15 +86,22 @@ class Gateway:
         self.enabled = tuple(dict.fromkeys([*config.environments, *config.extra_environments]))
         envs = [get_environment(name) for name in self.enabled]
         preload = sorted({m for env in envs for m in (type(env).__module__, *env.preload_modules)})
-        self.pool = VerifierPool(
-            config.pool.workers,
-            max_queue=config.pool.max_queue,
-            kill_grace_s=config.pool.kill_grace_s,
-            env_names=list(self.enabled),
-            extra_environments=dict(config.extra_environments),
-            preload_modules=preload,
-            start_method=config.pool.start_method,
-        )
+        pool_args: dict[str, Any] = {
+            "size": config.pool.workers,
+            "max_queue": config.pool.max_queue,
+            "kill_grace_s": config.pool.kill_grace_s,
+            "env_names": list(self.enabled),
+            "extra_environments": dict(config.extra_environments),
+            "preload_modules": preload,
+            "start_method": config.pool.start_method,
+        }
+        self.pool: VerifierPool | RayVerifierPool
+        if config.pool.backend == "ray":
+            self.pool = RayVerifierPool(
+                config.ray, max_queue=config.pool.max_queue, pool_args=pool_args
+            )
+        else:
+            self.pool = VerifierPool(**pool_args)
         if sandbox is None and config.sandbox.target:
             sandbox = GrpcSandboxClient(
                 config.sandbox.target,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 from rlfleet_core.config import ConfigModel
+from rlfleet_core.raycluster import RayConfig
 from rlfleet_core.server import ServiceConfig
 
 
@@ -105,8 +108,14 @@ class LimitsConfig(ConfigModel):
 class PoolConfig(ConfigModel):
     """Warm pool of one-shot sandboxes (a resident runner forks one child per run)."""
 
+    backend: Literal["process", "ray"] = "process"
+    """Where sandboxes run: `process`, on this host; `ray`, on the nodes of a Ray cluster
+    (`ray.*`), each started by a Ray actor on its node with the same bubblewrap isolation;
+    the warm pool and the sessions stay in the service, and a session's cells all go to
+    the node holding it (docs/sandbox.md, "Ray mode")."""
     size: int = Field(4, ge=1, le=256)
-    """Sandboxes kept started; also the number of one-shot runs executing at once."""
+    """Sandboxes kept started; also the number of one-shot runs executing at once. With
+    `backend=ray`, in all, spread over the Ray actors."""
     max_runs_per_sandbox: int = Field(100, ge=1)
     """Runs served by one sandbox before it is replaced. Between runs every process of
     the sandbox is killed and its tmpfs, SysV IPC and keyrings are wiped; 1 gives each run
@@ -158,6 +167,8 @@ class SandboxServiceConfig(ServiceConfig):
     isolation: IsolationConfig = IsolationConfig()
     limits: LimitsConfig = LimitsConfig()
     pool: PoolConfig = PoolConfig()
+    ray: RayConfig = RayConfig()
+    """The Ray cluster of `pool.backend=ray` (unused otherwise)."""
     sessions: SessionsConfig = SessionsConfig()
     http: HttpFaceConfig = HttpFaceConfig()
 

@@ -12,7 +12,8 @@ from rlfleet_core.errors import InvalidArgument
 from rlfleet_sandbox.config import SandboxServiceConfig
 from rlfleet_sandbox.metrics import EXECUTION_SECONDS, EXECUTIONS
 from rlfleet_sandbox.pool import WarmPool
-from rlfleet_sandbox.sandbox import RawRun, SandboxSpec
+from rlfleet_sandbox.ray_pool import RaySandboxes
+from rlfleet_sandbox.sandbox import RawRun, SandboxSpec, Spawner, local_spawner
 from rlfleet_sandbox.sessions import RESET_NOTE, Session, SessionManager, owner_of
 from rlfleet_sandbox.types import (
     ExecRequest,
@@ -40,17 +41,33 @@ class SessionInfo:
 class SandboxEngine:
     def __init__(self, config: SandboxServiceConfig) -> None:
         self.config = config
-        self._spec = SandboxSpec.from_config(config.isolation)
-        self.pool = WarmPool(self._spec, config.pool)
-        self.sessions = SessionManager(self._spec, config.sessions)
+        self.ray: RaySandboxes | None = None
+        spawn: Spawner
+        if config.pool.backend == "ray":
+            # The spec (bwrap, seccomp, bind paths) is built by each node's actor.
+            self.ray = RaySandboxes(config.ray, config.isolation)
+            spawn = self.ray.spawn
+        else:
+            spawn = local_spawner(SandboxSpec.from_config(config.isolation))
+        self.pool = WarmPool(spawn, config.pool)
+        self.sessions = SessionManager(spawn, config.sessions)
 
     async def start(self) -> None:
-        await self.pool.start()
-        await self.sessions.start()
+        if self.ray is not None:
+            await self.ray.start()
+        try:
+            await self.pool.start()
+            await self.sessions.start()
+        except BaseException:
+            if self.ray is not None:
+                await self.ray.stop()
+            raise
 
     async def stop(self) -> None:
         await self.sessions.stop()
         await self.pool.stop()
+        if self.ray is not None:
+            await self.ray.stop()
 
     def limits(self, requested: dict[str, float]) -> RunLimits:
         return resolve_limits(requested, self.config.limits)
@@ -74,6 +91,8 @@ class SandboxEngine:
             raw = await self.pool.run(request)
             mode = "oneshot"
         result = to_result(raw, request.limits)
+        if raw.node:
+            result.extra["ray_node"] = raw.node
         if lost:
             result.stderr += RESET_NOTE
             result.extra["session_reset"] = True

@@ -24,20 +24,21 @@ from rlfleet_core.errors import ResourceExhausted, Unavailable
 
 from rlfleet_sandbox.config import PoolConfig
 from rlfleet_sandbox.metrics import POOL_IDLE, POOL_WAITING, RETIRED, SPAWNS
-from rlfleet_sandbox.sandbox import RawRun, Sandbox, SandboxSpec, SandboxStartError
+from rlfleet_sandbox.sandbox import RawRun, SandboxHandle, SandboxStartError, Spawner
 from rlfleet_sandbox.types import ExecRequest
 
 logger = logging.getLogger(__name__)
 
 _RESPAWN_BACKOFF_S = (0.05, 0.2, 1.0, 5.0)
+_BROKEN_CHECK_S = 1.0  # how often a waiting run checks whether any sandbox can still come
 
 
 class WarmPool:
-    def __init__(self, spec: SandboxSpec, config: PoolConfig) -> None:
-        self._spec = spec
+    def __init__(self, spawn: Spawner, config: PoolConfig) -> None:
+        self._spawn_one = spawn
         self._config = config
-        self._idle: asyncio.Queue[Sandbox] = asyncio.Queue()
-        self._busy: set[Sandbox] = set()
+        self._idle: asyncio.Queue[SandboxHandle] = asyncio.Queue()
+        self._busy: set[SandboxHandle] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting = 0
         self._closed = False
@@ -51,16 +52,16 @@ class WarmPool:
         )
         errors = [s for s in sandboxes if isinstance(s, BaseException)]
         for sandbox in sandboxes:
-            if isinstance(sandbox, Sandbox):
+            if not isinstance(sandbox, BaseException):
                 self._idle.put_nowait(sandbox)
         POOL_IDLE.set(self._idle.qsize())
         if errors:
             await self.stop()
             raise errors[0]
 
-    async def _spawn(self) -> Sandbox:
+    async def _spawn(self) -> SandboxHandle:
         try:
-            sandbox = await Sandbox.spawn(self._spec, "oneshot")
+            sandbox = await self._spawn_one("oneshot", None)
         except SandboxStartError as exc:
             SPAWNS.labels("oneshot", "error").inc()
             self.last_error = str(exc)
@@ -70,7 +71,16 @@ class WarmPool:
         return sandbox
 
     async def run(self, request: ExecRequest) -> RawRun:
-        """Run `request` in a warm sandbox, waiting for one if all are busy."""
+        """Run `request` in a warm sandbox, waiting for one if all are busy. A run whose
+        Ray node was lost before it answered (ray_pool.py) goes once more to another
+        sandbox (the lost one is replaced on a live node); a second loss is reported."""
+        raw = await self._run_once(request)
+        if raw.node_lost:
+            logger.warning("sandbox node lost mid-run; running it again on another sandbox")
+            raw = await self._run_once(request)
+        return raw
+
+    async def _run_once(self, request: ExecRequest) -> RawRun:
         if self._closed:
             raise Unavailable("sandbox pool is shutting down")
         if self._idle.empty() and not self._busy and not self._tasks and self.last_error:
@@ -82,7 +92,11 @@ class WarmPool:
         self._waiting += 1
         POOL_WAITING.set(self._waiting)
         try:
-            sandbox = await self._idle.get()
+            sandbox = await self._next_idle()
+            while not sandbox.alive:  # its node was lost while it waited: replace it
+                RETIRED.labels("unhealthy").inc()
+                self._track(self._replace(sandbox))
+                sandbox = await self._next_idle()
         finally:
             self._waiting -= 1
             POOL_WAITING.set(self._waiting)
@@ -94,7 +108,17 @@ class WarmPool:
             self._busy.discard(sandbox)
             self._give_back(sandbox)
 
-    def _give_back(self, sandbox: Sandbox) -> None:
+    async def _next_idle(self) -> SandboxHandle:
+        """The next idle sandbox; Unavailable once none is left, none is running and every
+        replacement has given up (no waiting on until the caller's deadline)."""
+        while True:
+            try:
+                return await asyncio.wait_for(self._idle.get(), _BROKEN_CHECK_S)
+            except TimeoutError:
+                if not self._busy and not self._tasks and self.last_error:
+                    raise Unavailable(f"no sandbox can be started: {self.last_error}") from None
+
+    def _give_back(self, sandbox: SandboxHandle) -> None:
         if self._closed:
             self._track(sandbox.kill())
         elif sandbox.alive and sandbox.runs < self._config.max_runs_per_sandbox:
@@ -104,7 +128,7 @@ class WarmPool:
             RETIRED.labels("max_runs" if sandbox.alive else "unhealthy").inc()
             self._track(self._replace(sandbox))
 
-    async def _replace(self, old: Sandbox) -> None:
+    async def _replace(self, old: SandboxHandle) -> None:
         await old.kill()
         for attempt, backoff_s in enumerate((*_RESPAWN_BACKOFF_S, None)):
             if self._closed:

@@ -13,9 +13,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any
+from typing import Any, Protocol
 
 from rlfleet_sandbox.config import IsolationConfig
 from rlfleet_sandbox.inside import runner
@@ -128,6 +129,38 @@ class RawRun:
     backstop_killed: bool
     """The runner did not answer in time and the service killed the whole sandbox."""
     wall_s: float
+    node_lost: bool = False
+    """The sandbox's Ray node (or its actor) was lost before it answered (ray_pool.py):
+    the program may or may not have run."""
+    node: str = ""
+    """The Ray node that ran it (ray_pool.py); empty in the process mode."""
+
+
+class SandboxHandle(Protocol):
+    """What the warm pool and the sessions use of a sandbox: a local `Sandbox`, or one on
+    another node of a Ray cluster (ray_pool.RemoteSandbox)."""
+
+    runs: int
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def run(self, request: ExecRequest, backstop_s: float) -> RawRun: ...
+
+    async def kill(self) -> None: ...
+
+
+Spawner = Callable[[str, dict[str, Any] | None], Awaitable[SandboxHandle]]
+"""Starts one sandbox: (mode "oneshot" or "session", the session's runner limits)."""
+
+
+def local_spawner(spec: SandboxSpec) -> Spawner:
+    """Sandboxes started by this process."""
+
+    async def spawn(mode: str, session_limits: dict[str, Any] | None) -> SandboxHandle:
+        return await Sandbox.spawn(spec, mode, session_limits)
+
+    return spawn
 
 
 class Sandbox:

@@ -30,7 +30,7 @@ from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from rlfleet_sandbox.config import SessionsConfig
 from rlfleet_sandbox.metrics import SESSION_RESETS, SESSIONS_CLOSED, SESSIONS_OPEN, SPAWNS
-from rlfleet_sandbox.sandbox import RawRun, Sandbox, SandboxSpec, SandboxStartError
+from rlfleet_sandbox.sandbox import RawRun, SandboxHandle, SandboxStartError, Spawner
 from rlfleet_sandbox.types import ExecRequest, RunLimits
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Session:
     """Limits of the session's sandbox (memory, processes, ...); per-call time limits come
     with each call."""
     idle_timeout_s: float
-    sandbox: Sandbox | None = None
+    sandbox: SandboxHandle | None = None
     last_used: float = field(default_factory=time.monotonic)
     created: float = field(default_factory=time.time)
     calls: int = 0
@@ -87,8 +87,8 @@ def owner_of(client_key: str | None, allow_keyless: bool) -> str:
 
 
 class SessionManager:
-    def __init__(self, spec: SandboxSpec, config: SessionsConfig) -> None:
-        self._spec = spec
+    def __init__(self, spawn: Spawner, config: SessionsConfig) -> None:
+        self._spawn_one = spawn
         self._config = config
         self._sessions: dict[tuple[str, str], Session] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -139,9 +139,9 @@ class SessionManager:
             raise
         return session
 
-    async def _spawn(self, limits: RunLimits) -> Sandbox:
+    async def _spawn(self, limits: RunLimits) -> SandboxHandle:
         try:
-            sandbox = await Sandbox.spawn(self._spec, "session", limits.for_runner())
+            sandbox = await self._spawn_one("session", limits.for_runner())
         except SandboxStartError:
             SPAWNS.labels("session", "error").inc()
             raise
@@ -174,6 +174,9 @@ class SessionManager:
             if self._sessions.get((owner, session_id)) is not session:  # closed meanwhile
                 raise NotFound(f"session {session_id!r} was closed")
             session.calls += 1
+            # Died since the last call (its node was lost, the OOM killer): its state is
+            # gone, which this call reports, and the cell runs on a fresh interpreter.
+            died_idle = session.sandbox is not None and not session.sandbox.alive
             if session.sandbox is None or not session.sandbox.alive:
                 if session.sandbox is not None:
                     await session.sandbox.kill()
@@ -183,11 +186,13 @@ class SessionManager:
             finally:
                 session.last_used = time.monotonic()
             lost = not session.sandbox.alive
+            if died_idle and not lost:
+                SESSION_RESETS.inc()
             if lost:
                 SESSION_RESETS.inc()
                 await session.sandbox.kill()
                 session.sandbox = None
-            return raw, lost
+            return raw, lost or died_idle
 
     async def close(self, owner: str, session_id: str, reason: str = "client") -> bool:
         session = self._sessions.pop((owner, session_id), None)
