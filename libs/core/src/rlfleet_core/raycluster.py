@@ -62,7 +62,13 @@ async def connect(config: RayConfig) -> bool:
     """Join (or start) Ray within `config.start_timeout_s`; True when this call started it
     (the caller then shuts it down), False when Ray was already up in this process."""
     no_uv_runtime_env()
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError(
+            "Ray is not installed: the ray backend needs it (install the service's `ray` "
+            "extra, e.g. `pip install 'rlfleet-reward[ray]'`, or `pip install ray`)"
+        ) from None
 
     if ray.is_initialized():
         return False
