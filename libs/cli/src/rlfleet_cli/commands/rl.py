@@ -29,7 +29,11 @@ def rl(
         str, typer.Option("--run", help="Profile from env.toml: local, compose or a SLURM profile.")
     ] = "local",
     dry_run: Annotated[
-        bool, typer.Option(help="Print the resolved recipe and the launch plan; start nothing.")
+        bool,
+        typer.Option(
+            help="Print the resolved recipe and the launch plan, run the start's checks; "
+            "start nothing."
+        ),
     ] = False,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run folder [default: runs/<stage>].")
@@ -59,11 +63,14 @@ def rl(
     """
     from rich.markup import escape
     from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, load_profile
+    from rlfleet_pipeline.pipeline import write_lineage
+    from rlfleet_pipeline.preflight import preflight
     from rlfleet_pipeline.recipes import load_recipe
     from rlfleet_pipeline.stage import (
         ComposeError,
         StageError,
         check_stage,
+        default_run_dir,
         launch_plan,
         rollout_overrides,
         run_compose,
@@ -80,7 +87,7 @@ def rl(
         raise config_failure(exc) from None
     except StageError as exc:
         raise fail(str(exc)) from None
-    run_dir = out_dir or Path("runs") / recipe.stage
+    run_dir = out_dir or default_run_dir(recipe)
     if dry_run:
         table = Table(title=f"{config} ({run})", show_header=False)
         for key, value in summary(recipe):
@@ -90,7 +97,23 @@ def rl(
         out.print(dump_yaml(recipe), end="", markup=False)
         out.print("# launch plan")
         out.print(launch_plan(recipe, profile, run_dir, engine), end="", markup=False)
+    # The checks the start runs: a dry-run passes only when the start would get past them.
+    try:
+        problem = preflight(recipe, profile, run_dir, engine)
+    except StageError as exc:
+        problem = str(exc)
+    if problem is not None:
+        raise fail(escape(problem), code=1)
+    if dry_run:
         return
+    if not isinstance(profile, (LocalProfile, ComposeProfile)):
+        raise fail(
+            f"--run {run}: only local and compose stages start from this command today; "
+            f"use --dry-run to get the {profile.launcher} launch plan",
+            code=1,
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_lineage(run_dir.resolve(), recipe, config)
     if isinstance(profile, ComposeProfile):
         try:
             code = run_compose(
@@ -107,10 +130,4 @@ def rl(
         except ComposeError as exc:
             raise fail(escape(str(exc)), code=1) from None
         raise typer.Exit(code)
-    if not isinstance(profile, LocalProfile):
-        raise fail(
-            f"--run {run}: only local and compose stages start from this command today; "
-            f"use --dry-run to get the {profile.launcher} launch plan",
-            code=1,
-        )
     raise typer.Exit(run_local(recipe, run_dir, resume, service_overrides))
