@@ -16,7 +16,6 @@ import pytest
 from rlfleet_cli.main import app
 from rlfleet_contracts.startup import start_problem
 from rlfleet_core.config import dump_yaml
-from rlfleet_core.models import BUNDLED_MODELS
 from rlfleet_dataprep.prep import PrepOptions, prepare_rl
 from rlfleet_pipeline.launch.profiles import load_profile
 from rlfleet_pipeline.preflight import preflight, service_problem
@@ -107,9 +106,9 @@ def trainer_run(
     )
 
 
-@pytest.mark.parametrize(
-    "recipe", [r for r in bundled_recipes() if load_recipe(r).policy.model not in BUNDLED_MODELS]
-)
+# One recipe per kind of refusal: a starting checkpoint that is not here, and an earlier
+# stage's export not written yet (every super3/nano3 recipe fails one of these here).
+@pytest.mark.parametrize("recipe", ["super3/rlvr1", "super3/rlvr2"])
 def test_the_trainer_refuses_with_the_dry_runs_message(
     recipe: str, workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
