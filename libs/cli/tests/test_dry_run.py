@@ -17,6 +17,7 @@ from rlfleet_cli.main import app
 from rlfleet_contracts.startup import start_problem
 from rlfleet_core.config import dump_yaml
 from rlfleet_dataprep.prep import PrepOptions, prepare_rl
+from rlfleet_pipeline.fleet import free_port
 from rlfleet_pipeline.launch.profiles import load_profile
 from rlfleet_pipeline.preflight import preflight, service_problem
 from rlfleet_pipeline.recipes import bundled_recipes, load_recipe
@@ -93,16 +94,12 @@ def test_dry_run_fails_exactly_when_the_start_would(
         assert not (workdir / "runs" / "never").exists()
 
 
-def trainer_run(
-    recipe_yaml: Path, run_dir: Path, *overrides: str
-) -> subprocess.CompletedProcess[str]:
+def trainer_run(recipe_yaml: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "rlfleet_trainer", "run", "-c", str(recipe_yaml)]
+    # A free rendezvous port: megatron's default (29511) may be taken by another test.
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "MASTER_PORT": str(free_port())}
     return subprocess.run(
-        [*command, "--run-dir", str(run_dir), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        [*command, "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=300, env=env
     )
 
 
