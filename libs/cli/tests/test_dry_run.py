@@ -190,3 +190,15 @@ def test_a_slurm_plan_without_the_sandbox_fails_the_dry_run(
         "rlfleet: stage rlvr1 needs sandbox, reward, rollout; the launch plan starts no "
         "sandbox (SLURM: set nodes.sandbox >= 1 in the profile)"
     )
+
+
+def test_a_profile_the_plan_cannot_be_rendered_from_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SLURM profile without a service's image: one line naming the key (it was a
+    traceback from the plan renderer)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "env.toml").write_text(ENV_TOML.replace('rollout = "r.sqsh"\n', ""))
+    code, _, stderr = rl("rlvr", "-c", "test", "--run", "cluster", "--dry-run")
+    assert code == 1
+    assert error_line(stderr) == "rlfleet: images.rollout: no container image set in the profile"

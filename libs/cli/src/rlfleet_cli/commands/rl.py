@@ -88,6 +88,12 @@ def rl(
     except StageError as exc:
         raise fail(str(exc)) from None
     run_dir = out_dir or default_run_dir(recipe)
+    try:
+        plan = launch_plan(recipe, profile, run_dir, engine)
+        # The checks the start runs: a dry-run passes only when the start would pass them.
+        problem = preflight(recipe, profile, run_dir, engine)
+    except ValueError as exc:  # StageError, or a profile the plan cannot be rendered from
+        plan, problem = "", str(exc)
     if dry_run:
         table = Table(title=f"{config} ({run})", show_header=False)
         for key, value in summary(recipe):
@@ -96,12 +102,7 @@ def rl(
         out.print("# resolved recipe")
         out.print(dump_yaml(recipe), end="", markup=False)
         out.print("# launch plan")
-        out.print(launch_plan(recipe, profile, run_dir, engine), end="", markup=False)
-    # The checks the start runs: a dry-run passes only when the start would get past them.
-    try:
-        problem = preflight(recipe, profile, run_dir, engine)
-    except StageError as exc:
-        problem = str(exc)
+        out.print(plan, end="", markup=False)
     if problem is not None:
         raise fail(escape(problem), code=1)
     if dry_run:
