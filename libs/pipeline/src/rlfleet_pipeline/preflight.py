@@ -180,13 +180,14 @@ def trainer_world_size(profile: Profile) -> int:
 def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str) -> str | None:
     """The first reason the stage would not start under `profile`, or None: the same
     message whether `rlfleet rl` is asked for a dry-run or a start."""
+    if isinstance(profile, ComposeProfile):  # what run_compose checks first
+        problem = compose_problem(recipe, profile)
+        if problem is not None:
+            return problem
     plan = planned_overrides(recipe, profile, run_dir, engine)
     local = not isinstance(profile, (ComposeProfile, SlurmProfile))
     for name, overrides in plan.items():
         problem = service_problem(name, overrides, installed_only=not local)
         if problem is not None:
             return problem
-    problem = wiring_problem(recipe, plan)
-    if problem is None and isinstance(profile, ComposeProfile):
-        problem = compose_problem(recipe, profile)
-    return problem or start_problem(recipe, trainer_world_size(profile))
+    return wiring_problem(recipe, plan) or start_problem(recipe, trainer_world_size(profile))
