@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.run_folder import StageFolder
+from rlfleet_contracts.startup import start_problem
 from rlfleet_core.config import ConfigError
 from rlfleet_pipeline.recipes import bundled_recipes, load_recipe
+from rlfleet_pipeline.stage import default_run_dir
 
 RLFLEET = str(Path(sys.executable).parent / "rlfleet")
 
@@ -28,17 +33,25 @@ def test_every_bundled_recipe_loads(name: str) -> None:
     assert recipe.grpo.num_generations_per_prompt >= 2
 
 
+def published_value(recipe: RecipeConfig, key: str, value: int) -> int:
+    """The published value of `key`: the recipe's own, or the one its `deviations` entry
+    states ("published N; ..."), where the recipe runs with another here."""
+    why = recipe.deviations.get(key)
+    return value if why is None else int(why.removeprefix("published ").split(";")[0])
+
+
 @pytest.mark.parametrize(("name", "published"), PUBLISHED.items())
 def test_super3_recipes_match_the_published_tables(
     name: str, published: tuple[object, ...]
 ) -> None:
     r = load_recipe(name)
+    cp = r.policy.context_parallel_size
     got = (
         r.grpo.num_prompts_per_step,
         r.grpo.num_generations_per_prompt,
         r.policy.max_total_sequence_length,
         r.policy.tensor_parallel_size,
-        r.policy.context_parallel_size,
+        published_value(r, "policy.context_parallel_size", cp),
         r.grpo.lr,
         r.grpo.kl_coef,
         r.grpo.overlong_filtering,
@@ -48,10 +61,33 @@ def test_super3_recipes_match_the_published_tables(
     assert got == published
 
 
+@pytest.mark.parametrize("name", [n for n in bundled_recipes() if n.startswith("super3/")])
+def test_super3_recipes_run_without_context_parallelism_and_say_why(name: str) -> None:
+    """The megatron backend refuses CP > 1 (no Transformer Engine attention), so every
+    super3 recipe runs at CP 1 and records the published value and the reason."""
+    r = load_recipe(name)
+    assert r.policy.context_parallel_size == 1
+    assert "Transformer Engine" in r.deviations["policy.context_parallel_size"]
+    assert start_problem(r) is None or "context_parallel" not in str(start_problem(r))
+
+
+# The published order of the Super stages; each starts from the one before.
+SUPER3_CHAIN = ["rlvr1", "rlvr2", "rlvr3", "swe1", "swe2", "rlhf"]
+
+
+@pytest.mark.parametrize(("prev", "name"), list(itertools.pairwise(SUPER3_CHAIN)))
+def test_super3_stages_start_from_the_previous_stages_real_export(prev: str, name: str) -> None:
+    """`rlfleet rl` runs a stage in runs/<stage> (default_run_dir) and the trainer exports
+    to <run dir>/hf (StageFolder.hf): the next recipe's policy.model is exactly that."""
+    previous, recipe = load_recipe(f"super3/{prev}"), load_recipe(f"super3/{name}")
+    assert recipe.policy.model == str(StageFolder(default_run_dir(previous)).hf)
+    assert recipe.policy.model == f"runs/{prev}/hf"
+
+
 def test_rlvr_stages_share_settings_and_chain_checkpoints() -> None:
     one, two, three = (load_recipe(f"super3/rlvr{i}") for i in (1, 2, 3))
     assert one.grpo == two.grpo == three.grpo
-    assert two.policy.model == "runs/super3/rlvr1/checkpoints/final/hf"
+    assert two.policy.model == "runs/rlvr1/hf"
     assert (one.data.train_path, three.data.train_path) == (
         "data/rlvr1/train/data.jsonl",
         "data/rlvr3/train/data.jsonl",
@@ -81,15 +117,21 @@ def rl(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_dry_run_prints_the_published_stage1_parameters() -> None:
+    """The plan is printed; the dry-run then fails as the start would: the SFT checkpoint
+    the recipe starts from is not on this machine."""
     result = rl("rlvr", "-c", "super3/rlvr1", "--dry-run")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        "rlfleet: policy.model=./checkpoints/super3-sft: no such folder"
+    )
     for text in (
         "109 (872)",
         "72 (colocated=false)",
         "256",
         "4,096",
         "65,536",
-        "4 / 1 / 8 / 1",
+        "4 / 1 / 1 / 1",
+        "differs: policy.context_parallel_size",
         "3e-06",
     ):
         assert text in result.stdout, text
@@ -112,7 +154,7 @@ def test_dry_run_with_a_slurm_profile_prints_the_sbatch_script(tmp_path: Path) -
         timeout=120,
         cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
     assert (
         "#SBATCH --job-name=rlfleet-rlhf" in result.stdout
         and "--container-image=t.sqsh" in result.stdout

@@ -321,6 +321,10 @@ class RecipeConfig(ConfigModel):
     services: ServicesConfig = ServicesConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()
+    deviations: dict[str, str] = Field(default_factory=dict)
+    """Where this recipe departs from the published settings it mirrors: dotted key -> the
+    published value and why (e.g. a parallelism this machine's backend cannot run).
+    Documentation only; `rlfleet rl --dry-run` shows it beside the summary."""
 
     @property
     def global_batch_size(self) -> int:

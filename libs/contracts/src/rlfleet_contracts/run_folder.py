@@ -25,7 +25,7 @@ through these classes, so a renamed file cannot leave one side behind.
       heldout_<label>.jsonl       every held-out sample (text, reward) of one validation
       ledger.jsonl                prompt ledger (exactly-once accounting)
       summary.json                written last: the stage finished
-      lineage.json                input checkpoint, data hashes, recipe (written by the pipeline)
+      lineage.json                input checkpoint, data, recipe (rlfleet run / rlfleet rl)
       checkpoints/step_N/         resumable trainer checkpoints
       hf/                         the exported Hugging Face model (the next stage's input)
       logs/                       service logs of launchers

@@ -242,25 +242,34 @@ def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageR
     )
 
 
-def write_lineage(
-    stage: PipelineStage, recipe: RecipeConfig, stage_dir: Path, data_dir: Path
-) -> None:
-    """Where the stage's weights came from and what they were trained on."""
+def stage_lineage(recipe: RecipeConfig, recipe_name: str, stage_dir: Path) -> dict[str, Any]:
+    """Where a stage's weights come from and what they are trained on: the starting model
+    as the recipe names it and, for a folder (an earlier stage's export), its absolute
+    path; the rows; where the stage writes its own export."""
     folder = StageFolder(stage_dir)
-    manifest = json.loads((data_dir / BLEND_MANIFEST).read_text())
-    lineage = {
-        "stage": stage.name,
-        "recipe": stage.recipe,
+    parent = Path(recipe.policy.model).expanduser()
+    data: dict[str, Any] = {"train_path": recipe.data.train_path, "val_path": recipe.data.val_path}
+    if recipe.data.train_path:  # a prepared blend: <blend>/train/data.jsonl + manifest
+        manifest = Path(recipe.data.train_path).parent.parent / BLEND_MANIFEST
+        if manifest.is_file():
+            prepared = json.loads(manifest.read_text())
+            data |= {"dir": str(manifest.parent), "sources": prepared.get("sources", {})}
+            data["splits"] = prepared.get("splits", {})
+    return {
+        "stage": recipe.stage,
+        "recipe": recipe_name,
         "parent_model": recipe.policy.model,
-        "blend": stage.blend,
-        "data": {
-            "dir": str(data_dir),
-            "sources": manifest.get("sources", {}),
-            "splits": manifest.get("splits", {}),
-        },
+        "parent_model_path": str(parent.resolve()) if parent.is_dir() else None,
+        "data": data,
         "output": {"hf": str(folder.hf), "checkpoints": str(folder.checkpoints())},
     }
-    folder.lineage.write_text(json.dumps(lineage, indent=2) + "\n")
+
+
+def write_lineage(stage_dir: Path, recipe: RecipeConfig, recipe_name: str, **extra: str) -> None:
+    """<stage_dir>/lineage.json: stage_lineage, plus `extra` (a pipeline's stage and blend
+    names). Written before the trainer starts, by `rlfleet run` and `rlfleet rl` alike."""
+    lineage = {**stage_lineage(recipe, recipe_name, stage_dir), **extra}
+    StageFolder(stage_dir).lineage.write_text(json.dumps(lineage, indent=2) + "\n")
 
 
 class TrainerProcess:
@@ -375,7 +384,9 @@ def run_pipeline(
                         )
 
                 stage_dir.mkdir(parents=True, exist_ok=True)
-                write_lineage(stage, recipe, stage_dir.resolve(), data[stage.name])
+                write_lineage(
+                    stage_dir.resolve(), recipe, stage.recipe, stage=stage.name, blend=stage.blend
+                )
                 resuming = resume and StageFolder(stage_dir).checkpoints().exists()
                 run_stage(stage_dir, recipe, targets, resuming, on_poll)
                 walls[stage.name] = walls.get(stage.name, 0.0) + time.monotonic() - started

@@ -56,6 +56,12 @@ def check_stage(kind: str, recipe: RecipeConfig, recipe_name: str) -> None:
         )
 
 
+def default_run_dir(recipe: RecipeConfig) -> Path:
+    """Where `rlfleet rl` runs a stage without --out: runs/<stage>. A chained recipe's
+    policy.model is the previous stage's export there (StageFolder(...).hf)."""
+    return Path("runs") / recipe.stage
+
+
 def summary(recipe: RecipeConfig) -> list[tuple[str, str]]:
     """The published-table view of a recipe (docs/recipes.md)."""
     g, p, c = recipe.grpo, recipe.policy, recipe.cluster
@@ -79,6 +85,7 @@ def summary(recipe: RecipeConfig) -> list[tuple[str, str]]:
         ("KL penalty", f"{g.kl_coef:g}"),
         ("overlong filtering", str(g.overlong_filtering).lower()),
         ("policy lag (max age)", str(g.max_trajectory_age_steps)),
+        *((f"differs: {key}", why) for key, why in recipe.deviations.items()),
     ]
 
 
@@ -187,6 +194,15 @@ def compose_stack(profile: ComposeProfile, env: Mapping[str, str] | None = None)
     return ComposeStack(path.absolute(), profile.project_name, dict(env or os.environ))
 
 
+def compose_model_problem(recipe: RecipeConfig) -> str | None:
+    if recipe.policy.model in BUNDLED_MODELS:
+        return None
+    return (
+        f"policy.model={recipe.policy.model}: the rollout container can only serve a bundled "
+        f"model ({', '.join(BUNDLED_MODELS)}), not a folder or HF cache of this host; use --run local"
+    )
+
+
 def run_compose(
     recipe: RecipeConfig,
     profile: ComposeProfile,
@@ -205,11 +221,9 @@ def run_compose(
     services = SERVICES_FOR_STAGE[kind]
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
-    if recipe.policy.model not in BUNDLED_MODELS:
-        raise StageError(
-            f"policy.model={recipe.policy.model}: the rollout container can only serve a bundled "
-            f"model ({', '.join(BUNDLED_MODELS)}), not a folder or HF cache of this host; use --run local"
-        )
+    problem = compose_model_problem(recipe)
+    if problem is not None:
+        raise StageError(problem)
     token_file = token_file_for(run_dir, os.environ)
     env = {**os.environ, TOKEN_FILE_ENV: str(token_file)}
     stack = compose_stack(
@@ -268,6 +282,7 @@ __all__ = [
     "LocalProfile",
     "StageError",
     "check_stage",
+    "default_run_dir",
     "launch_plan",
     "rollout_overrides",
     "run_compose",

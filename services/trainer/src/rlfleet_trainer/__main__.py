@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.startup import check_start
 from rlfleet_core.config import ConfigError, load_config
 from rlfleet_core.logs import setup_logging
 from rlfleet_core.server import service_main
@@ -43,6 +44,7 @@ def run_main(argv: Sequence[str]) -> int:
     from rlfleet_trainer.run import run_stage
 
     try:
+        check_start(recipe)  # the checks `rlfleet rl --dry-run` runs, before any model load
         state = asyncio.run(run_stage(recipe, args.run_dir, resume=args.resume))
     except (ValueError, FileNotFoundError, ModelNotFound) as exc:
         # Bad settings or inputs found while building the stage: one line, not a traceback.

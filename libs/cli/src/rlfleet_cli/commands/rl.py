@@ -33,7 +33,11 @@ def rl(
         str, typer.Option("--run", help="Profile from env.toml: local, compose or a SLURM profile.")
     ] = "local",
     dry_run: Annotated[
-        bool, typer.Option(help="Print the resolved recipe and the launch plan; start nothing.")
+        bool,
+        typer.Option(
+            help="Print the resolved recipe and the launch plan, run the start's checks; "
+            "start nothing."
+        ),
     ] = False,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run folder [default: runs/<stage>].")
@@ -68,11 +72,14 @@ def rl(
     from rich.markup import escape
     from rlfleet_pipeline.caches import use_cache_dir
     from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, load_profile
+    from rlfleet_pipeline.pipeline import write_lineage
+    from rlfleet_pipeline.preflight import preflight
     from rlfleet_pipeline.recipes import load_recipe
     from rlfleet_pipeline.stage import (
         ComposeError,
         StageError,
         check_stage,
+        default_run_dir,
         launch_plan,
         rollout_overrides,
         run_compose,
@@ -89,7 +96,13 @@ def rl(
         raise config_failure(exc) from None
     except StageError as exc:
         raise fail(str(exc)) from None
-    run_dir = out_dir or Path("runs") / recipe.stage
+    run_dir = out_dir or default_run_dir(recipe)
+    try:
+        plan = launch_plan(recipe, profile, run_dir, engine)
+        # The checks the start runs: a dry-run passes only when the start would pass them.
+        problem = preflight(recipe, profile, run_dir, engine)
+    except ValueError as exc:  # StageError, or a profile the plan cannot be rendered from
+        plan, problem = "", str(exc)
     if dry_run:
         table = Table(title=f"{config} ({run})", show_header=False)
         for key, value in summary(recipe):
@@ -98,12 +111,13 @@ def rl(
         out.print("# resolved recipe")
         out.print(dump_yaml(recipe), end="", markup=False)
         out.print("# launch plan")
-        try:
-            plan = launch_plan(recipe, profile, run_dir, engine)
-        except ValueError as exc:  # a profile the plan cannot honour (names the field)
-            raise fail(escape(f"--run {run}: {exc}")) from None
         out.print(plan, end="", markup=False)
+    if problem is not None:
+        raise fail(escape(problem), code=1)
+    if dry_run:
         return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_lineage(run_dir.resolve(), recipe, config)
     if isinstance(profile, LocalProfile | ComposeProfile):
         use_cache_dir(profile.cache_dir)  # the fleet and the trainer inherit it
     if isinstance(profile, ComposeProfile):

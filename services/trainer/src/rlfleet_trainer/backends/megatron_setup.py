@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rlfleet_contracts.recipe import PolicyConfig
+from rlfleet_contracts.startup import check_parallelism, check_world_size
 
 from rlfleet_trainer.backends.base import BackendConfig
 from rlfleet_trainer.backends.megatron_convert import ModelDims, stage_layers
@@ -32,17 +33,7 @@ class MegatronBackendConfig(BackendConfig):
 
 def check_parallel_sizes(config: MegatronBackendConfig, dims: ModelDims) -> None:
     """Refuse what this backend cannot run, before any process group exists."""
-    if config.context_parallel_size != 1:
-        raise NotImplementedError(
-            f"policy.context_parallel_size={config.context_parallel_size}: context "
-            "parallelism needs Transformer Engine attention, which the megatron backend does "
-            "not use (local layer spec); set it to 1"
-        )
-    if config.expert_parallel_size != 1:
-        raise NotImplementedError(
-            f"policy.expert_parallel_size={config.expert_parallel_size}: expert parallelism "
-            "needs an MoE model and the supported Llama/Qwen2 family is dense; set it to 1"
-        )
+    check_parallelism(config.context_parallel_size, config.expert_parallel_size)
     stage_layers(dims.num_layers, 0, config.pipeline_parallel_size)  # raises if uneven
 
 
@@ -71,13 +62,9 @@ def init_megatron(config: MegatronBackendConfig) -> None:
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    model_parallel = config.tensor_parallel_size * config.pipeline_parallel_size
-    if dist.get_world_size() % model_parallel:
-        raise ValueError(
-            f"world size {dist.get_world_size()} is not a multiple of "
-            f"policy.tensor_parallel_size × policy.pipeline_parallel_size ({model_parallel}); "
-            "launch TP × PP × DP processes"
-        )
+    check_world_size(
+        config.tensor_parallel_size, config.pipeline_parallel_size, dist.get_world_size()
+    )
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=config.tensor_parallel_size,
         pipeline_model_parallel_size=config.pipeline_parallel_size,

@@ -1,0 +1,204 @@
+"""`rlfleet rl --dry-run` is honest: for every bundled recipe under every launcher profile
+it either passes, and then the trainer's own start checks pass too, or it fails with the
+one line the start prints. The start here is the real thing where it is cheap: `rlfleet
+rl` without --dry-run, the trainer's `rlfleet-trainer run` and a service's own entry
+point, each a process of its own. (The tiny recipes' dry-runs pass; that they then train
+is test_chain.py, and tests/test_run_pipeline.py for `rlfleet run`.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rlfleet_cli.main import app
+from rlfleet_contracts.startup import start_problem
+from rlfleet_core.config import dump_yaml
+from rlfleet_dataprep.prep import PrepOptions, prepare_rl
+from rlfleet_pipeline.fleet import free_port
+from rlfleet_pipeline.launch.profiles import load_profile
+from rlfleet_pipeline.preflight import preflight, service_problem
+from rlfleet_pipeline.recipes import bundled_recipes, load_recipe
+from rlfleet_pipeline.stage import default_run_dir
+from typer.testing import CliRunner
+
+pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
+
+# A SLURM profile with an image for every service (the plan is rendered, never submitted).
+ENV_TOML = """\
+[cluster]
+launcher = "slurm"
+account = "a"
+partition = "p"
+[cluster.nodes]
+swe_runner = 1
+[cluster.images]
+trainer = "t.sqsh"
+rollout = "r.sqsh"
+reward = "w.sqsh"
+sandbox = "s.sqsh"
+swe-runner = "e.sqsh"
+"""
+PROFILES = ("local", "compose", "cluster")
+TINY_BLENDS = ("tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3", "tiny-mix")
+
+
+def stage_kind(recipe: str) -> str:
+    return load_recipe(recipe).stage.rstrip("0123456789")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project folder as a user has it: the tiny blends prepared under data/ (where the
+    tiny recipes and `test` read them) and an env.toml with a SLURM profile."""
+    root = tmp_path_factory.mktemp("project")
+    for blend in TINY_BLENDS:
+        prepare_rl(blend, PrepOptions(out=root / "data", val_rows=8, force=True))
+    (root / "env.toml").write_text(ENV_TOML)
+    return root
+
+
+def rl(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["rl", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr  # one line, never a traceback
+    return lines[0]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("recipe", bundled_recipes())
+def test_dry_run_fails_exactly_when_the_start_would(
+    recipe: str, profile: str, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(workdir)
+    kind = stage_kind(recipe)
+    code, stdout, stderr = rl(kind, "-c", recipe, "--run", profile, "--dry-run")
+    loaded = load_recipe(recipe)
+    expected = preflight(loaded, load_profile(profile), default_run_dir(loaded), "vllm")
+    assert "# launch plan" in stdout  # the plan is shown either way
+    if expected is None:
+        assert code == 0, stderr
+        assert start_problem(loaded, 1) is None  # what the trainer checks before loading
+        return
+    assert (code, error_line(stderr)) == (1, f"rlfleet: {expected}")
+    if profile == "local":
+        # The start stops at the same check, before any service or trainer is started.
+        code, _, stderr = rl(kind, "-c", recipe, "--run", profile, "--out", "runs/never")
+        assert (code, error_line(stderr)) == (1, f"rlfleet: {expected}")
+        assert not (workdir / "runs" / "never").exists()
+
+
+def trainer_run(recipe_yaml: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "rlfleet_trainer", "run", "-c", str(recipe_yaml)]
+    # A free rendezvous port: megatron's default (29511) may be taken by another test.
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "MASTER_PORT": str(free_port())}
+    return subprocess.run(
+        [*command, "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+# One recipe per kind of refusal: a starting checkpoint that is not here, and an earlier
+# stage's export not written yet (every super3/nano3 recipe fails one of these here).
+@pytest.mark.parametrize("recipe", ["super3/rlvr1", "super3/rlvr2"])
+def test_the_trainer_refuses_with_the_dry_runs_message(
+    recipe: str, workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recipes whose dry-run fails on a trainer check (here: a model not on this machine):
+    the trainer itself, started on the same recipe, exits with the same message."""
+    monkeypatch.chdir(workdir)
+    loaded = load_recipe(recipe)
+    problem = start_problem(loaded, 1)
+    assert problem is not None
+    recipe_yaml = tmp_path / "recipe.yaml"
+    recipe_yaml.write_text(dump_yaml(loaded))
+    result = trainer_run(recipe_yaml, tmp_path / "run")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"rlfleet-trainer run: error: {problem}"
+
+
+@pytest.mark.slow
+def test_megatron_world_size_refusal_is_the_same_in_the_dry_run_and_the_trainer(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """super3/rlvr1 on a model and rows that exist: TP 4 needs 4 trainer ranks and `rlfleet
+    rl` starts one. The dry-run says so; the trainer gets as far as its process group and
+    says the same (check_world_size, called by the megatron backend)."""
+    monkeypatch.chdir(workdir)
+    data = workdir / "data" / "tiny-rlvr1"
+    overrides = [
+        "policy.model=tiny",
+        f"data.train_path={data / 'train' / 'data.jsonl'}",
+        f"data.val_path={data / 'val' / 'data.jsonl'}",
+    ]
+    code, _, stderr = rl("rlvr", "-c", "super3/rlvr1", "--dry-run", *overrides)
+    line = error_line(stderr)
+    assert code == 1 and "world size 1 is not a multiple" in line and "(4)" in line
+    recipe_yaml = tmp_path / "recipe.yaml"
+    recipe_yaml.write_text(dump_yaml(load_recipe("super3/rlvr1", overrides)))
+    result = trainer_run(recipe_yaml, tmp_path / "run")
+    assert result.returncode == 1, result.stderr
+    trainer_line = result.stderr.strip().splitlines()[-1]
+    assert trainer_line == line.replace("rlfleet: ", "rlfleet-trainer run: error: ", 1)
+
+
+def test_a_service_key_the_service_rejects_fails_the_dry_run_check_with_its_message() -> None:
+    """The issue's SLURM plan gave the reward `sandbox_target=`: the check loads the
+    overrides with the reward's own config model, as the service does when it starts."""
+    problem = service_problem("reward", ["sandbox_target=h:1"], installed_only=False)
+    assert problem == (
+        "reward: config error: sandbox_target: unknown key; did you mean sandbox? "
+        "(from override sandbox_target=h:1)"
+    )
+    started = subprocess.run(
+        [sys.executable, "-m", "rlfleet_reward", "--port", "0", "sandbox_target=h:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 2
+    assert started.stderr.strip().splitlines()[-1] == (
+        "rlfleet-reward: config error: " + problem.removeprefix("reward: config error: ")
+    )
+
+
+def test_a_slurm_plan_without_the_sandbox_fails_the_dry_run(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nodes.sandbox = 0` renders a job with no sandbox, and a reward with no
+    sandbox.target: an RLVR stage's code environment could not score."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "env.toml").write_text(ENV_TOML.replace("swe_runner = 1", "sandbox = 0"))
+    data = workdir / "data" / "tiny-rlvr1"
+    code, _, stderr = rl(
+        "rlvr",
+        "-c",
+        "tiny/rlvr1",
+        "--run",
+        "cluster",
+        "--dry-run",
+        f"data.train_path={data / 'train' / 'data.jsonl'}",
+        f"data.val_path={data / 'val' / 'data.jsonl'}",
+    )
+    assert code == 1
+    assert error_line(stderr) == (
+        "rlfleet: stage rlvr1 needs sandbox, reward, rollout; the launch plan starts no "
+        "sandbox (SLURM: set nodes.sandbox >= 1 in the profile)"
+    )
+
+
+def test_a_profile_the_plan_cannot_be_rendered_from_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SLURM profile without a service's image: one line naming the key (it was a
+    traceback from the plan renderer)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "env.toml").write_text(ENV_TOML.replace('rollout = "r.sqsh"\n', ""))
+    code, _, stderr = rl("rlvr", "-c", "test", "--run", "cluster", "--dry-run")
+    assert code == 1
+    assert error_line(stderr) == "rlfleet: images.rollout: no container image set in the profile"

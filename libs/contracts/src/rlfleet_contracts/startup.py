@@ -1,0 +1,141 @@
+"""What a stage's trainer checks before it loads a model, shared with `rlfleet rl --dry-run`.
+
+A dry-run that passes while the start fails is a lie. So the checks that refuse a stage
+at start live here, once: the trainer calls `check_start` before it resolves the model
+(and its megatron backend calls `check_parallelism` instead of keeping its own copy), and
+the dry-run calls the same functions on the same recipe. Either both pass or both fail
+with the same one-line message.
+
+Order (the trainer's): settings the backend cannot honour, the model, the data rows, then
+the number of trainer ranks the launcher starts against the model-parallel sizes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlfleet_core.hub import ModelNotFound, looks_like_path, resolve_hub_model
+from rlfleet_core.models import BUNDLED_MODELS
+
+from rlfleet_contracts.recipe import DataConfig, RecipeConfig
+
+
+class StartupError(ValueError, NotImplementedError):
+    """A stage that cannot start; the message is one line naming the setting and the fix.
+    Also a NotImplementedError: what the megatron backend raised for these before."""
+
+
+def parallelism_problem(context_parallel_size: int, expert_parallel_size: int) -> str | None:
+    """Why the megatron backend cannot run these sizes, or None. (The torch backend's
+    refusal of any model parallelism is a recipe rule: rlfleet_contracts.recipe.)"""
+    if context_parallel_size != 1:
+        # megatron-core 0.16 transformer/dot_product_attention.py asserts CP == 1: only
+        # TEDotProductAttention splits the sequence, and Transformer Engine is not used.
+        return (
+            f"policy.context_parallel_size={context_parallel_size}: context parallelism "
+            "needs Transformer Engine attention, which the megatron backend does not use "
+            "(local layer spec); set it to 1"
+        )
+    if expert_parallel_size != 1:
+        return (
+            f"policy.expert_parallel_size={expert_parallel_size}: expert parallelism needs "
+            "an MoE model and the supported Llama/Qwen2 family is dense; set it to 1"
+        )
+    return None
+
+
+def check_parallelism(context_parallel_size: int, expert_parallel_size: int) -> None:
+    problem = parallelism_problem(context_parallel_size, expert_parallel_size)
+    if problem is not None:
+        raise StartupError(problem)
+
+
+def world_size_problem(
+    tensor_parallel_size: int, pipeline_parallel_size: int, world_size: int
+) -> str | None:
+    """Why `world_size` trainer ranks cannot hold TP x PP model-parallel groups, or None."""
+    model_parallel = tensor_parallel_size * pipeline_parallel_size
+    if world_size % model_parallel:
+        return (
+            f"world size {world_size} is not a multiple of policy.tensor_parallel_size × "
+            f"policy.pipeline_parallel_size ({model_parallel}); launch TP × PP × DP processes"
+        )
+    return None
+
+
+def check_world_size(
+    tensor_parallel_size: int, pipeline_parallel_size: int, world_size: int
+) -> None:
+    problem = world_size_problem(tensor_parallel_size, pipeline_parallel_size, world_size)
+    if problem is not None:
+        raise StartupError(problem)
+
+
+def model_problem(model: str, *, download: bool = True) -> str | None:
+    """Why `policy.model` cannot resolve here, or None, without loading or downloading it.
+
+    Bundled names are built offline on first use; a local folder must exist and hold a
+    config.json; a Hugging Face id must be in the cache unless a download may fetch it
+    (`download` and HF_HUB_OFFLINE unset), which only the start itself can tell."""
+    if model in BUNDLED_MODELS:
+        return None
+    path = Path(model).expanduser()
+    if looks_like_path(model) or path.is_dir():
+        if not path.is_dir():
+            hint = (
+                "; it is an earlier stage's export (<run dir>/hf): run that stage first"
+                if path.name == "hf"
+                else ""
+            )
+            return f"policy.model={model}: no such folder{hint}"
+        if not (path / "config.json").is_file():
+            return f"policy.model={model}: a model folder needs a config.json (HF layout)"
+        return None
+    if download and os.environ.get("HF_HUB_OFFLINE", "") not in ("1", "true", "True"):
+        return None
+    try:
+        resolve_hub_model(model, download=False)
+    except ModelNotFound as exc:
+        return f"policy.model={model}: {exc}"
+    return None
+
+
+def data_problem(data: DataConfig) -> str | None:
+    """Why the stage's rows cannot be read, or None."""
+    if not data.train_path:
+        return "data.train_path is not set: give the training rows (JSONL)"
+    for key, value in (("data.train_path", data.train_path), ("data.val_path", data.val_path)):
+        if value and not Path(value).is_file():
+            return (
+                f"{key}={value}: no such file; prepare the blend with "
+                "`rlfleet data prep rl <blend>` or point it at a JSONL file"
+            )
+    return None
+
+
+def start_problem(
+    recipe: RecipeConfig, world_size: int | None = None, *, download: bool = True
+) -> str | None:
+    """The first reason this stage's trainer would refuse to start, or None, in the order
+    the trainer meets them. `world_size`: the trainer ranks the launcher starts (None: not
+    known here; the megatron backend checks it once its process group exists)."""
+    p = recipe.policy
+    megatron = p.backend == "megatron"
+    problem = (
+        (parallelism_problem(p.context_parallel_size, p.expert_parallel_size) if megatron else None)
+        or model_problem(p.model, download=download)
+        or data_problem(recipe.data)
+    )
+    if problem is None and megatron and world_size is not None:
+        problem = world_size_problem(p.tensor_parallel_size, p.pipeline_parallel_size, world_size)
+    return problem
+
+
+def check_start(
+    recipe: RecipeConfig, world_size: int | None = None, *, download: bool = True
+) -> None:
+    """Raise StartupError with the first reason this stage cannot start."""
+    problem = start_problem(recipe, world_size, download=download)
+    if problem is not None:
+        raise StartupError(problem)

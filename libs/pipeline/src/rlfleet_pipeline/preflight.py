@@ -1,0 +1,193 @@
+"""The checks `rlfleet rl` runs before a stage starts, and that `--dry-run` runs instead of
+starting it: a dry-run passes only if the start would get past them, and fails with the
+same one-line message.
+
+- the trainer's own start checks (`rlfleet_contracts.startup.check_start`: settings the
+  backend cannot honour, the model, the data rows), the function the trainer calls;
+- every service's `key=value` overrides in the launch plan, loaded with the service's own
+  config model through `load_service_config` (what the service does when it starts);
+- the wiring the stage needs: a reward gateway told where the sandbox is, a swe-runner.
+
+The overrides are read from the plan each launcher really runs: the local fleet's
+command lines, the compose file's `command:` lists, the sbatch script's `exec` lines.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.startup import start_problem
+from rlfleet_core.config import ConfigError, read_yaml
+from rlfleet_core.server import load_service_config
+
+from rlfleet_pipeline.fleet import LocalFleet
+from rlfleet_pipeline.launch.compose import ROLLOUT_ENGINE_VAR, ROLLOUT_MODEL_VAR, ComposeError
+from rlfleet_pipeline.launch.profiles import ComposeProfile, Profile, SlurmProfile
+from rlfleet_pipeline.launch.slurm import ENTRY, render_sbatch
+from rlfleet_pipeline.services import ServiceNotFound, get_service
+from rlfleet_pipeline.stage import (
+    SERVICES_FOR_STAGE,
+    StageError,
+    compose_model_problem,
+    compose_stack,
+    rollout_overrides,
+)
+
+# ${VAR:-default} in a compose command: the value the launcher sets, else the default.
+_COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+
+
+def stage_services(recipe: RecipeConfig) -> list[str]:
+    kind = next(k for k in SERVICES_FOR_STAGE if recipe.stage.startswith(k))
+    return SERVICES_FOR_STAGE[kind]
+
+
+def _key_values(args: list[str]) -> list[str]:
+    """The `key=value` overrides of a service command line (flags and their values skipped)."""
+    found, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = "=" not in arg
+        elif "=" in arg:
+            found.append(arg)
+    return found
+
+
+def local_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
+    """What LocalFleet passes each service: its wiring, then the stage's overrides."""
+    services = stage_services(recipe)
+    ports = {name: (0, 0) for name in services}
+    extra = rollout_overrides(recipe, engine)
+    return {s: [*LocalFleet._wiring(s, ports), *extra.get(s, [])] for s in services}
+
+
+def compose_overrides(
+    recipe: RecipeConfig, profile: ComposeProfile, engine: str
+) -> dict[str, list[str]]:
+    """The `key=value` items of each stage service's `command:` in the compose file, with
+    the variables `run_compose` sets filled in."""
+    env = {ROLLOUT_ENGINE_VAR: engine, ROLLOUT_MODEL_VAR: recipe.policy.model}
+    path = compose_stack(profile).compose_file
+    try:
+        services = read_yaml(path).get("services", {})
+    except ConfigError as exc:
+        raise StageError(f"--run compose: {exc}") from None
+    plan = {}
+    for name in stage_services(recipe):
+        command = (services.get(name) or {}).get("command") or []
+        args = [
+            _COMPOSE_VAR.sub(lambda m: env.get(m.group(1), m.group(2) or ""), str(a))
+            for a in command
+        ]
+        plan[name] = _key_values(args[1:])
+    return plan
+
+
+def slurm_overrides(script: str) -> dict[str, list[str]]:
+    """The `key=value` overrides of each service's `exec <entry> ...` line in the sbatch
+    script (inside each srun's quoted `bash -c` script)."""
+    by_entry = {entry: name for name, entry in ENTRY.items()}
+    plan: dict[str, list[str]] = {}
+    # Comment lines go first: their apostrophes ("the fleet's") are not quotes.
+    code = "\n".join(ln for ln in script.splitlines() if not ln.lstrip().startswith("#"))
+    for token in shlex.split(code):
+        for line in token.splitlines():
+            words = shlex.split(line) if line.strip().startswith("exec ") else []
+            if len(words) > 1 and words[1] in by_entry:
+                plan[by_entry[words[1]]] = _key_values(words[2:])
+    return plan
+
+
+def planned_overrides(
+    recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str
+) -> dict[str, list[str]]:
+    """Each service the plan starts -> the `key=value` overrides it is given."""
+    if isinstance(profile, SlurmProfile):
+        recipe_file = run_dir / "recipe.yaml"
+        args = ["-c", str(recipe_file), "--run-dir", str(run_dir)]
+        return slurm_overrides(render_sbatch(profile, recipe.stage, args))
+    if isinstance(profile, ComposeProfile):
+        return compose_overrides(recipe, profile, engine)
+    return local_overrides(recipe, engine)
+
+
+def service_problem(name: str, overrides: list[str], *, installed_only: bool) -> str | None:
+    """Why service `name` would refuse these overrides at start, or None. A service not
+    installed here is a problem only where it would run here (`installed_only`=False)."""
+    try:
+        definition = get_service(name)
+    except ServiceNotFound as exc:
+        return None if installed_only else str(exc)
+    try:
+        load_service_config(definition, None, overrides)
+    except ConfigError as exc:
+        return f"{name}: config error: {exc.lines[0]}"
+    return None
+
+
+def wiring_problem(recipe: RecipeConfig, plan: dict[str, list[str]]) -> str | None:
+    """Why the plan misses a service or a connection the stage needs, or None."""
+    needed = stage_services(recipe)
+    missing = [s for s in needed if s not in plan]
+    if missing:
+        return (
+            f"stage {recipe.stage} needs {', '.join(needed)}; the launch plan starts no "
+            f"{', '.join(missing)} (SLURM: set nodes.{missing[0].replace('-', '_')} >= 1 in "
+            "the profile)"
+        )
+    model = f"model={recipe.policy.model}"
+    if "rollout" in plan and model not in plan["rollout"]:
+        return (
+            f"the launch plan starts the rollout service without {model} (it would serve "
+            "another model than the trainer's policy.model, with other token ids)"
+        )
+    if "sandbox" in needed and not any(o.startswith("sandbox.target=") for o in plan["reward"]):
+        return (
+            f"stage {recipe.stage} scores code in the sandbox, but the launch plan gives the "
+            "reward service no sandbox.target (its code environment would answer "
+            "SANDBOX_ERROR)"
+        )
+    return None
+
+
+def compose_problem(recipe: RecipeConfig, profile: ComposeProfile) -> str | None:
+    """What `run_compose` refuses before `up`: a model the container cannot serve, no
+    Docker engine or compose plugin, an image not built."""
+    problem = compose_model_problem(recipe)
+    if problem is not None:
+        return problem
+    stack = compose_stack(profile)
+    try:
+        stack.check_docker()
+        stack.check_images(stage_services(recipe))
+    except ComposeError as exc:
+        return str(exc)
+    return None
+
+
+def trainer_world_size(profile: Profile) -> int:
+    """Trainer ranks in one torch.distributed world under `profile`. Every launcher starts
+    `rlfleet-trainer run` without torchrun today (SLURM: one independent copy per trainer
+    node), so each trainer is a world of 1."""
+    return 1
+
+
+def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str) -> str | None:
+    """The first reason the stage would not start under `profile`, or None: the same
+    message whether `rlfleet rl` is asked for a dry-run or a start."""
+    if isinstance(profile, ComposeProfile):  # what run_compose checks first
+        problem = compose_problem(recipe, profile)
+        if problem is not None:
+            return problem
+    plan = planned_overrides(recipe, profile, run_dir, engine)
+    local = not isinstance(profile, (ComposeProfile, SlurmProfile))
+    for name, overrides in plan.items():
+        problem = service_problem(name, overrides, installed_only=not local)
+        if problem is not None:
+            return problem
+    return wiring_problem(recipe, plan) or start_problem(recipe, trainer_world_size(profile))
