@@ -287,14 +287,20 @@ def test_missing_image_is_named() -> None:
 
 def test_run_without_slurm_commands_is_a_one_line_error(tmp_path: Path) -> None:
     """`rlfleet rl --run <slurm>` off a login node: no sbatch on PATH is named, exit 1;
-    a profile the plan cannot honour is named in --dry-run, exit 2 (no traceback)."""
+    a profile the plan cannot honour is named in --dry-run, exit 1 (no traceback)."""
     rlfleet = str(Path(sys.executable).parent / "rlfleet")
     (tmp_path / "env.toml").write_text(
         '[c]\nlauncher = "slurm"\ncontainer_runtime = "none"\ngpus_per_node = 0\n'
         '[big]\nlauncher = "slurm"\ncontainer_runtime = "none"\n[big.nodes]\nreward = 2\n'
     )
     env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    rows = tmp_path / "rows.jsonl"  # the start's own checks need the data to exist
+    rows.write_text(
+        '{"responses_create_params": {"input": [{"role": "user", "content": "2+2?"}]}, '
+        '"env": "math", "expected_answer": "4"}\n'
+    )
     args = [rlfleet, "rl", "rlvr", "-c", "test", "--engine", "hf", "policy.model=tiny"]
+    args += [f"data.train_path={rows}", f"data.val_path={rows}"]
     done = subprocess.run(
         [*args, "--run", "c"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
@@ -312,5 +318,6 @@ def test_run_without_slurm_commands_is_a_one_line_error(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "--run big: nodes.reward=2: a service runs on one node" in done.stderr
+    # The dry-run fails as the start would (exit 1), with the line naming the key.
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "nodes.reward=2: a service runs on one node" in done.stderr

@@ -119,6 +119,14 @@ class ServiceProcess:
         return tail_lines(self.log_path, lines)
 
 
+def wiring(name: str, services: Sequence[str], target: Callable[[str], str]) -> list[str]:
+    """Overrides that point service `name` at the others of a fleet of `services` (the
+    user's own overrides come after, so they win); `target(other)` is its address."""
+    if name == "reward" and "sandbox" in services:
+        return [f"sandbox.target={target('sandbox')}"]
+    return []
+
+
 class LocalFleet:
     """`with LocalFleet(["reward", "sandbox"], run_dir) as fleet: fleet.target("reward")`."""
 
@@ -212,11 +220,7 @@ class LocalFleet:
         return ServiceProcess(name, log_path, port_file, process)
 
     def _wiring(self, name: str) -> list[str]:
-        """Overrides that point a service at the others of this fleet (the user's own
-        overrides come after, so they win)."""
-        if name == "reward" and "sandbox" in self.services:
-            return [f"sandbox.target={self.processes['sandbox'].target}"]
-        return []
+        return wiring(name, self.services, lambda other: self.processes[other].target)
 
     def _start_one(self, name: str, started: float) -> None:
         """Wait for the dependencies' ports, spawn, wait for the ports, wait for SERVING."""

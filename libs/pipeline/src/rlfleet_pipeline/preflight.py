@@ -15,7 +15,6 @@ command lines, the compose file's `command:` lists, the sbatch script's `exec` l
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
@@ -23,10 +22,10 @@ from rlfleet_contracts.startup import start_problem
 from rlfleet_core.config import ConfigError, read_yaml
 from rlfleet_core.server import load_service_config
 
-from rlfleet_pipeline.fleet import LocalFleet
+from rlfleet_pipeline.fleet import wiring
 from rlfleet_pipeline.launch.compose import ROLLOUT_ENGINE_VAR, ROLLOUT_MODEL_VAR, ComposeError
 from rlfleet_pipeline.launch.profiles import ComposeProfile, Profile, SlurmProfile
-from rlfleet_pipeline.launch.slurm import ENTRY, render_sbatch
+from rlfleet_pipeline.launch.slurm import components, service_commands
 from rlfleet_pipeline.services import ServiceNotFound, get_service
 from rlfleet_pipeline.stage import (
     SERVICES_FOR_STAGE,
@@ -61,9 +60,8 @@ def _key_values(args: list[str]) -> list[str]:
 def local_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
     """What LocalFleet passes each service: its wiring, then the stage's overrides."""
     services = stage_services(recipe)
-    ports = {name: (0, 0) for name in services}
     extra = rollout_overrides(recipe, engine)
-    return {s: [*LocalFleet._wiring(s, ports), *extra.get(s, [])] for s in services}
+    return {s: [*wiring(s, services, lambda _: "127.0.0.1:0"), *extra.get(s, [])] for s in services}
 
 
 def compose_overrides(
@@ -88,29 +86,14 @@ def compose_overrides(
     return plan
 
 
-def slurm_overrides(script: str) -> dict[str, list[str]]:
-    """The `key=value` overrides of each service's `exec <entry> ...` line in the sbatch
-    script (inside each srun's quoted `bash -c` script)."""
-    by_entry = {entry: name for name, entry in ENTRY.items()}
-    plan: dict[str, list[str]] = {}
-    # Comment lines go first: their apostrophes ("the fleet's") are not quotes.
-    code = "\n".join(ln for ln in script.splitlines() if not ln.lstrip().startswith("#"))
-    for token in shlex.split(code):
-        for line in token.splitlines():
-            words = shlex.split(line) if line.strip().startswith("exec ") else []
-            if len(words) > 1 and words[1] in by_entry:
-                plan[by_entry[words[1]]] = _key_values(words[2:])
-    return plan
-
-
 def planned_overrides(
     recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str
 ) -> dict[str, list[str]]:
     """Each service the plan starts -> the `key=value` overrides it is given."""
     if isinstance(profile, SlurmProfile):
-        recipe_file = run_dir / "recipe.yaml"
-        args = ["-c", str(recipe_file), "--run-dir", str(run_dir)]
-        return slurm_overrides(render_sbatch(profile, recipe.stage, args))
+        comps = components(profile, stage_services(recipe))
+        commands = service_commands(profile, comps, rollout_overrides(recipe, engine))
+        return {name: _key_values(command[1:]) for name, command in commands.items()}
     if isinstance(profile, ComposeProfile):
         return compose_overrides(recipe, profile, engine)
     return local_overrides(recipe, engine)

@@ -193,6 +193,22 @@ wait_for() {
 }"""
 
 
+def service_commands(
+    profile: SlurmProfile, comps: list[Component], overrides: dict[str, list[str]]
+) -> dict[str, list[str]]:
+    """Each service component's command line in the job (the trainer's is built apart):
+    what the script runs and what `rlfleet rl --dry-run` checks against the services'
+    own config models."""
+    commands = {}
+    for comp in comps[1:]:
+        port = service_port(profile, comp.service)
+        command = [ENTRY[comp.service], "--host", "0.0.0.0", "--port", str(port)]
+        if comp.service == "reward" and any(c.service == "sandbox" for c in comps):
+            command.append("sandbox.target=$SANDBOX_TARGET")
+        commands[comp.service] = command + overrides.get(comp.service, [])
+    return commands
+
+
 def render_sbatch(
     profile: SlurmProfile,
     stage: str,
@@ -248,14 +264,12 @@ def render_sbatch(
         "",
     ]
     indexed = list(enumerate(comps))
+    commands = service_commands(profile, comps, overrides)
     # The reward gateway needs the sandbox's address, so it starts after the others.
     for i, comp in sorted(indexed[1:], key=lambda ic: ic[1].service == "reward"):
-        port = service_port(profile, comp.service)
-        command = [ENTRY[comp.service], "--host", "0.0.0.0", "--port", str(port)]
-        if comp.service == "reward" and any(c.service == "sandbox" for c in comps):
+        command = commands[comp.service]
+        if "sandbox.target=$SANDBOX_TARGET" in command:
             body.append(_wait_for(["SANDBOX_TARGET"]))
-            command.append("sandbox.target=$SANDBOX_TARGET")
-        command += overrides.get(comp.service, [])
         body.append(f'{srun_line(profile, i, comp, command)} > "$LOGS/{comp.service}.log" 2>&1 &')
         body.append(f"STEPS[$!]={comp.service}")
     body += [
