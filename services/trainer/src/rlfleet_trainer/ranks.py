@@ -74,7 +74,9 @@ def env_rank_info(env: dict[str, str] | None = None) -> RankInfo:
 
 
 def init_distributed(
-    attempts: int = RENDEZVOUS_ATTEMPTS, backoff_s: float = RENDEZVOUS_BACKOFF_S
+    attempts: int = RENDEZVOUS_ATTEMPTS,
+    backoff_s: float = RENDEZVOUS_BACKOFF_S,
+    timeout_s: float = RENDEZVOUS_TIMEOUT_S,
 ) -> RankInfo:
     """Join the default process group from the launcher's environment (gloo on CPU, nccl on
     GPU), retrying the rendezvous `attempts` times with doubling backoff. A world of one
@@ -101,10 +103,10 @@ def init_distributed(
                 "nccl" if cuda else "gloo",
                 rank=info.rank,
                 world_size=info.world_size,
-                timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+                timeout=datetime.timedelta(seconds=timeout_s),
             )
             break
-        except (RuntimeError, ValueError, OSError) as exc:
+        except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError is a RuntimeError
             if attempt == attempts:
                 raise RuntimeError(
                     f"trainer rank {info.rank}: rendezvous at {where} failed {attempts} times "
