@@ -222,6 +222,16 @@ class PolicyConfig(ConfigModel):
     """Recompute activations in backward to save memory."""
     optimizer: OptimizerConfig = OptimizerConfig()
 
+    @property
+    def world_size(self) -> int:
+        """Trainer processes a stage launches: TP × PP × CP × DP (EP is carved out of DP)."""
+        return (
+            self.tensor_parallel_size
+            * self.pipeline_parallel_size
+            * self.context_parallel_size
+            * self.data_parallel_size
+        )
+
 
 class DataConfig(ConfigModel):
     """Prompt rows (JSONL, NeMo-Gym shape: `responses_create_params.input` messages, an

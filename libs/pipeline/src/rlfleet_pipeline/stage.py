@@ -86,7 +86,7 @@ def trainer_command(
     recipe_file: Path, run_dir: Path, extra: list[str], ranks: int | None = None
 ) -> list[str]:
     """The trainer's command line: a plain process for one rank; for `ranks` > 1 (None =
-    the recipe file's policy.data_parallel_size) torchrun with one process per rank on this
+    the recipe file's policy.world_size: TP × PP × CP × DP) torchrun with one process per rank on this
     node, its own free rendezvous port (--standalone) and policy.max_restarts restarts."""
     ranks, restarts = _ranks_of(recipe_file) if ranks is None else (ranks, 2)
     launcher = [sys.executable]
@@ -114,14 +114,14 @@ def trainer_command(
 
 
 def _ranks_of(recipe_file: Path) -> tuple[int, int]:
-    """(policy.data_parallel_size, policy.max_restarts) of a written recipe; (1, 0) when
-    it is not there yet (a rendered plan)."""
+    """(policy.world_size, policy.max_restarts) of a written recipe; (1, 0) when it is not
+    there yet (a rendered plan)."""
     from rlfleet_core.config import load_config
 
     if not recipe_file.is_file():
         return 1, 0
     policy = load_config(RecipeConfig, recipe_file).policy
-    return policy.data_parallel_size, policy.max_restarts
+    return policy.world_size, policy.max_restarts
 
 
 def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str = "vllm") -> str:
