@@ -42,7 +42,9 @@ driver generates a step, so this bounds the longest generation phase."""
 
 RENDEZVOUS_ATTEMPTS = 5
 RENDEZVOUS_BACKOFF_S = 2.0
-RENDEZVOUS_TIMEOUT_S = 120.0
+RENDEZVOUS_TIMEOUT_S = 600.0
+"""How long a rank waits for the store and for the other ranks to join (starting N
+processes that import torch and load a model can take minutes on a loaded machine)."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,11 @@ def init_distributed(
     timeout_s: float = RENDEZVOUS_TIMEOUT_S,
 ) -> RankInfo:
     """Join the default process group from the launcher's environment (gloo on CPU, nccl on
-    GPU), retrying the rendezvous `attempts` times with doubling backoff. A world of one
-    without a launcher creates no group (the plain process of today)."""
+    GPU). Reaching the rendezvous store is tried `attempts` times with doubling backoff (a
+    rank may start before the one hosting the store); the group itself is formed once: if
+    that fails every rank must start over together, which is torchrun's restart, not a
+    retry here (ranks retrying on their own would wait for each other forever). A world of
+    one without a launcher creates no group (the plain process of today)."""
     info = env_rank_info()
     if info.world_size == 1 or dist.is_initialized():
         return info
@@ -93,20 +98,46 @@ def init_distributed(
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(info.local_rank)
-    timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "3600")))
     where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    store = _rendezvous_store(info, where, attempts, backoff_s, timeout_s)
+    try:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=store,
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise RuntimeError(
+            f"trainer rank {info.rank}: forming the process group at {where} (world size "
+            f"{info.world_size}) failed: {exc}"
+        ) from exc
+    _set_timeout(datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "3600"))))
+    return info
+
+
+def _rendezvous_store(
+    info: RankInfo, where: str, attempts: int, backoff_s: float, timeout_s: float
+) -> Any:
+    """The TCPStore at MASTER_ADDR:MASTER_PORT: torchrun's agent hosts it
+    (TORCHELASTIC_USE_AGENT_STORE); otherwise (srun) rank 0 does. Keys live under the
+    launcher's attempt, so a restarted group never reads the dead one's addresses."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    hosting = info.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     delay = backoff_s
     for attempt in range(1, attempts + 1):
         try:
-            # The rendezvous itself is bounded separately from later collectives.
-            dist.init_process_group(
-                "nccl" if cuda else "gloo",
-                rank=info.rank,
-                world_size=info.world_size,
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                host,
+                port,
+                info.world_size,
+                is_master=hosting,
                 timeout=datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False,
             )
             break
-        except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError is a RuntimeError
+        except (RuntimeError, ValueError, OSError) as exc:  # DistNetworkError, DistStoreError
             if attempt == attempts:
                 raise RuntimeError(
                     f"trainer rank {info.rank}: rendezvous at {where} failed {attempts} times "
@@ -117,8 +148,8 @@ def init_distributed(
             )
             time.sleep(delay)
             delay *= 2
-    _set_timeout(timeout)
-    return info
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"/worker/attempt_{restart}", store)  # type: ignore[attr-defined]
 
 
 def _set_timeout(timeout: datetime.timedelta) -> None:
