@@ -106,6 +106,7 @@ def test_default_is_loopback_and_a_free_port() -> None:
             rendezvous_endpoint({PORT_ENV: bad})
 
 
+@pytest.mark.slow
 def test_forming_the_group_is_retried_then_fails_naming_the_address() -> None:
     stub = StubRollout(refuse=1)
     sender = CollectiveSender(

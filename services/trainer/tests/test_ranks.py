@@ -74,6 +74,7 @@ def _trainer_run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_missing_rendezvous_address_is_one_clear_line() -> None:
     out = _trainer_run({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "", "MASTER_PORT": ""})
     assert out.returncode == 1
