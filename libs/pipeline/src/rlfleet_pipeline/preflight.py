@@ -153,11 +153,14 @@ def compose_problem(recipe: RecipeConfig, profile: ComposeProfile) -> str | None
     return None
 
 
-def trainer_world_size(profile: Profile) -> int:
-    """Trainer ranks in one torch.distributed world under `profile`. Every launcher starts
-    `rlfleet-trainer run` without torchrun today (SLURM: one independent copy per trainer
-    node), so each trainer is a world of 1."""
-    return 1
+def trainer_world_size(recipe: RecipeConfig, profile: Profile) -> int:
+    """Trainer ranks in one torch.distributed world under `profile`: locally (and for
+    compose) torchrun starts policy.world_size (TP x PP x CP x DP) ranks; on SLURM the
+    trainer component's nodes x tasks per node."""
+    if isinstance(profile, SlurmProfile):
+        trainer = components(profile, stage_services(recipe))[0]
+        return trainer.nodes * trainer.tasks_per_node
+    return recipe.policy.world_size
 
 
 def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str) -> str | None:
@@ -173,4 +176,6 @@ def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str
         problem = service_problem(name, overrides, installed_only=not local)
         if problem is not None:
             return problem
-    return wiring_problem(recipe, plan) or start_problem(recipe, trainer_world_size(profile))
+    return wiring_problem(recipe, plan) or start_problem(
+        recipe, trainer_world_size(recipe, profile)
+    )
