@@ -2,9 +2,12 @@
 pipeline parallelism, loaded from and published as Hugging Face weights.
 
 Process layout: launch one process per rank (torchrun); the default process group (gloo on
-CPU, NCCL on GPU) holds world = TP × PP × DP ranks. Every rank of a DP replica sees the same
-samples; DP replicas see disjoint slices and their gradients are summed (the loss is
-already divided by the *global* token count, so a sum is the right reduction).
+CPU, NCCL on GPU; made by the trainer entry, or by `init_process_group` on an in-memory
+store for a world of one) holds world = TP × PP × DP ranks. Every rank of a DP replica sees
+the same samples; DP replicas see disjoint slices and their gradients and metrics are
+summed (the loss is already divided by the *global* token count, so a sum is the right
+reduction). Weights are gathered once, to global rank 0; checkpoints hold one shard per
+(TP, PP) rank. The rank contract is `backends/base.py`'s.
 
 Pipeline parallelism: each PP stage builds a `GPTModel` with an even share of the decoder
 layers (embedding on the first stage, final norm and LM head on the last) and loads only
