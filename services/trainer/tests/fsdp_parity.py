@@ -61,13 +61,12 @@ def main() -> None:
     share = batch.size // world
     mine = batch.slice(rank * share, (rank + 1) * share)
     sharded = policy(args.model, args.device)
-    metrics = sharded.train_step(mine, LOSS)
-    loss = torch.tensor([metrics["loss"]], dtype=torch.float64, device=sharded.device)
-    dist.all_reduce(loss)
-    state = dict(sharded.hf_state_dict())  # collective: every rank gathers
+    metrics = sharded.train_step(mine, LOSS)  # the global step's metrics (summed over ranks)
+    state = dict(sharded.hf_state_dict())  # collective: gathered once, onto rank 0 only
+    assert bool(state) == (rank == 0)
     if rank == 0:
         torch.save(
-            {"loss": float(loss), "grad_norm": metrics["grad_norm"], "state": state},
+            {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "state": state},
             args.out / "fsdp.pt",
         )
     dist.destroy_process_group()

@@ -166,6 +166,10 @@ class GenerationConfig(ConfigModel):
     `raw` = log-softmax of the logits before temperature (rlfleet's engines, vLLM's
     raw_logprobs); `processed` = after temperature scaling (the trainer then divides its
     logits by the temperature, as NeMo-RL does)."""
+    seed: int | None = Field(None, ge=0)
+    """Reproducible sampling: prompt `i` of the run's stream is generated with the seed
+    `seed + i × num_generations_per_prompt` (sample k of its group: that + k), so the same
+    weights draw the same samples whatever the timing; None = the engine's own RNG."""
 
 
 class OptimizerConfig(ConfigModel):
@@ -208,10 +212,25 @@ class PolicyConfig(ConfigModel):
     context_parallel_size: int = Field(1, ge=1)
     expert_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(1, ge=1)
-    """torch backend: FSDP2 shards over this many ranks (launch with torchrun)."""
+    """torch backend: FSDP2 shards over this many ranks; > 1 makes `rlfleet rl` launch the
+    trainer with torchrun (one process per rank; rank 0 talks to the services). Must divide
+    grpo.num_prompts_per_step × grpo.num_generations_per_prompt."""
+    max_restarts: int = Field(2, ge=0)
+    """With several ranks: how often torchrun restarts all ranks after one dies; each
+    restart resumes from the latest checkpoint."""
     activation_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     optimizer: OptimizerConfig = OptimizerConfig()
+
+    @property
+    def world_size(self) -> int:
+        """Trainer processes a stage launches: TP × PP × CP × DP (EP is carved out of DP)."""
+        return (
+            self.tensor_parallel_size
+            * self.pipeline_parallel_size
+            * self.context_parallel_size
+            * self.data_parallel_size
+        )
 
 
 class DataConfig(ConfigModel):
@@ -378,6 +397,12 @@ class RecipeConfig(ConfigModel):
                 "policy.tensor/pipeline/context/expert_parallel_size > 1 need "
                 "policy.backend=megatron (the torch backend shards with FSDP2 over "
                 "policy.data_parallel_size only); set policy.backend=megatron"
+            )
+        if self.global_batch_size % p.data_parallel_size:
+            raise ValueError(
+                f"policy.data_parallel_size ({p.data_parallel_size}) must divide the global "
+                f"batch grpo.num_prompts_per_step × grpo.num_generations_per_prompt "
+                f"({self.global_batch_size}) so every rank trains on as many samples"
             )
         if p.train_micro_batch_size > self.global_batch_size:
             raise ValueError(

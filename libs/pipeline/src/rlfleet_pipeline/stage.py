@@ -82,9 +82,26 @@ def summary(recipe: RecipeConfig) -> list[tuple[str, str]]:
     ]
 
 
-def trainer_command(recipe_file: Path, run_dir: Path, extra: list[str]) -> list[str]:
+def trainer_command(
+    recipe_file: Path, run_dir: Path, extra: list[str], ranks: int | None = None
+) -> list[str]:
+    """The trainer's command line: a plain process for one rank; for `ranks` > 1 (None =
+    the recipe file's policy.world_size: TP × PP × CP × DP) torchrun with one process per rank on this
+    node, its own free rendezvous port (--standalone) and policy.max_restarts restarts."""
+    ranks, restarts = _ranks_of(recipe_file) if ranks is None else (ranks, 2)
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(ranks),
+            "--max-restarts",
+            str(restarts),
+        ]
     return [
-        sys.executable,
+        *launcher,
         "-m",
         "rlfleet_trainer",
         "run",
@@ -94,6 +111,17 @@ def trainer_command(recipe_file: Path, run_dir: Path, extra: list[str]) -> list[
         str(run_dir),
         *extra,
     ]
+
+
+def _ranks_of(recipe_file: Path) -> tuple[int, int]:
+    """(policy.world_size, policy.max_restarts) of a written recipe; (1, 0) when it is not
+    there yet (a rendered plan)."""
+    from rlfleet_core.config import load_config
+
+    if not recipe_file.is_file():
+        return 1, 0
+    policy = load_config(RecipeConfig, recipe_file).policy
+    return policy.world_size, policy.max_restarts
 
 
 def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str = "vllm") -> str:

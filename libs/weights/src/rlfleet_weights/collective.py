@@ -3,18 +3,27 @@ ProcessGroupGloo on CPU, ProcessGroupNCCL on GPU), built without `init_process_g
 it never touches either side's default group (the trainer's DP/TP groups, vLLM's own). The
 same code runs gloo in CI and NCCL on GPUs; only the backend name differs. Rank 0 (the
 trainer) broadcasts the buckets of the plan (see plan.py); the engines receive them.
+
+Rendezvous: the trainer hosts the group's TCPStore on `RLFLEET_WEIGHT_SYNC_HOST` (the
+address it advertises to the engines in InitWeightTransfer; it must be routable from the
+rollout nodes, e.g. the trainer node's hostname that a SLURM script exports; default
+127.0.0.1 for local runs) and `RLFLEET_WEIGHT_SYNC_PORT` (default 0: the store binds a free
+port itself and advertises the one it got, so no port is picked and then re-bound). Forming
+the group is tried `attempts` times with doubling backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
+import logging
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from rlfleet_proto.v1 import rollout_pb2
 
 from rlfleet_weights.base import (
@@ -37,6 +46,13 @@ from rlfleet_weights.plan import (
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
+
+HOST_ENV = "RLFLEET_WEIGHT_SYNC_HOST"
+"""Address the trainer's weight-group store is reached at (advertised to the engines)."""
+PORT_ENV = "RLFLEET_WEIGHT_SYNC_PORT"
+"""Port of that store; unset or 0 = a free port the store binds itself."""
 
 DEFAULT_BUCKET_BYTES = 256 << 20
 """Bucket size when an UpdateWeights request leaves `bucket_bytes` at 0."""
@@ -68,20 +84,13 @@ class WeightGroup:
     until all `world_size` members joined (or `timeout_s` passes).
     """
 
-    def __init__(self, spec: GroupSpec) -> None:
+    def __init__(self, spec: GroupSpec, store: Any = None) -> None:
         import torch
         import torch.distributed as dist
 
         self.spec = spec
         timeout = timedelta(seconds=spec.timeout_s)
-        self.store = dist.TCPStore(  # type: ignore[attr-defined]
-            spec.master_address,
-            spec.master_port,
-            spec.world_size,
-            is_master=spec.rank == 0,
-            timeout=timeout,
-            wait_for_workers=False,
-        )
+        self.store = store if store is not None else host_store(spec)
         prefix = dist.PrefixStore("rlfleet-weights", self.store)  # type: ignore[attr-defined]
         self.device: Any
         self.pg: Any
@@ -106,6 +115,35 @@ class WeightGroup:
 
     def close(self) -> None:
         del self.pg
+
+
+def host_store(spec: GroupSpec) -> Any:
+    """The group's TCPStore: hosted by rank 0 (port 0 = a free one, see `.port`), joined
+    by the others."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        spec.master_address,
+        spec.master_port,
+        spec.world_size,
+        is_master=spec.rank == 0,
+        timeout=timedelta(seconds=spec.timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def rendezvous_endpoint(env: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """(host, port) of the trainer's weight-group store from RLFLEET_WEIGHT_SYNC_HOST/PORT."""
+    env = os.environ if env is None else env
+    host = env.get(HOST_ENV, "").strip() or "127.0.0.1"
+    raw = env.get(PORT_ENV, "").strip() or "0"
+    try:
+        port = int(raw)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{PORT_ENV} ({raw!r}) must be a port number in [0, 65535]")
+    return host, port
 
 
 def send_weights(
@@ -215,11 +253,23 @@ class CollectiveSender(WeightSender):
     rank 0 (this process) to every engine worker of the rollout service."""
 
     def __init__(
-        self, stub: Any, bucket_bytes: int, backend: str, timeout_s: float = 120.0
+        self,
+        stub: Any,
+        bucket_bytes: int,
+        backend: str,
+        timeout_s: float = 120.0,
+        *,
+        endpoint: tuple[str, int] | None = None,
+        attempts: int = 3,
+        backoff_s: float = 1.0,
     ) -> None:
         super().__init__(stub, bucket_bytes)
         self.backend = backend
         self.timeout_s = timeout_s
+        self.endpoint = endpoint if endpoint is not None else rendezvous_endpoint()
+        """(advertised host, port) of the store; see the module docstring."""
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
         self.group: WeightGroup | None = None
         self.transport = (
             rollout_pb2.WEIGHT_TRANSPORT_NCCL
@@ -228,25 +278,51 @@ class CollectiveSender(WeightSender):
         )
 
     async def init(self) -> None:
-        """Form the trainer(rank 0)↔engine group: InitWeightTransfer and our side of the
-        rendezvous run concurrently (each blocks until the other joins)."""
+        """Form the trainer(rank 0)↔engine group: our store is bound first (its real port
+        is the one advertised), then InitWeightTransfer and our side of the rendezvous run
+        concurrently (each blocks until the other joins). Tried `attempts` times."""
+        host, port = self.endpoint
+        delay = self.backoff_s
+        for attempt in range(1, self.attempts + 1):
+            try:
+                self.group = await self._form_group(host, port)
+                return
+            except (grpc.RpcError, RuntimeError, OSError) as exc:  # RPC, store, group timeout
+                if attempt == self.attempts:
+                    raise RuntimeError(
+                        f"weight group at {host}:{port or '(free port)'} not formed after "
+                        f"{self.attempts} tries: {exc}; the rollout nodes must reach {host} "
+                        f"(set {HOST_ENV} to the trainer node's routable address)"
+                    ) from exc
+                logger.warning(
+                    "weight group at %s:%s: %s; try %d of %d in %.1fs",
+                    host, port, exc, attempt, self.attempts, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                delay *= 2
+
+    async def _form_group(self, host: str, port: int) -> WeightGroup:
         status = await self.stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30.0)
         workers = max(int(status.num_replicas), 1)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        spec = GroupSpec("127.0.0.1", port, 1 + workers, 0, self.backend, self.timeout_s)
+        spec = GroupSpec(host, port, 1 + workers, 0, self.backend, self.timeout_s)
+        store = await asyncio.to_thread(host_store, spec)
+        spec = GroupSpec(host, int(store.port), 1 + workers, 0, self.backend, self.timeout_s)
         request = rollout_pb2.InitWeightTransferRequest(
             transport=self.transport,
-            master_address="127.0.0.1",
-            master_port=port,
+            master_address=host,
+            master_port=spec.master_port,
             world_size=1 + workers,
             rank_offset=1,
             timeout_s=self.timeout_s,
         )
-        group_task = asyncio.create_task(asyncio.to_thread(WeightGroup, spec))
-        await self.stub.InitWeightTransfer(request, timeout=self.timeout_s + 10)
-        self.group = await group_task
+        group_task = asyncio.create_task(asyncio.to_thread(WeightGroup, spec, store))
+        try:
+            await self.stub.InitWeightTransfer(request, timeout=self.timeout_s + 10)
+        except BaseException:
+            # Our side gives up by itself after timeout_s; its error is not news.
+            group_task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            raise
+        return await group_task
 
     async def publish(
         self, update: WeightPublish, tensors: Iterable[tuple[str, torch.Tensor]]

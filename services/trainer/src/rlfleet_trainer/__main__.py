@@ -1,11 +1,13 @@
 """`rlfleet-trainer`: serve the trainer (same flags as `rlfleet serve trainer`), or
 `rlfleet-trainer run -c recipe.yaml --run-dir DIR [--resume] [--rows rows.jsonl] [k=v ...]`
-to train one stage in this process."""
+to train one stage in this process — or, under torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT in the environment), as one rank of a data-parallel stage."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,11 +22,20 @@ from rlfleet_trainer.service import SERVICE
 
 def run_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="rlfleet-trainer run", description="Train one GRPO stage from a recipe."
+        prog="rlfleet-trainer run",
+        description="Train one GRPO stage from a recipe. Several ranks: launch under torchrun "
+        "(`python -m torch.distributed.run --nproc-per-node N -m rlfleet_trainer run ...`) or "
+        "srun exporting RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; rank 0 talks "
+        "to the services and sends each step's batch to the others. A rank that torchrun "
+        "restarts (TORCHELASTIC_RESTART_COUNT > 0) resumes from the latest checkpoint.",
     )
     parser.add_argument("-c", "--config", help="recipe YAML")
     parser.add_argument("--run-dir", required=True, type=Path, help="run folder")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint (implied when torchrun restarts the ranks)",
+    )
     parser.add_argument("--rows", help="training rows JSONL (overrides data.train_path)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
@@ -37,13 +48,21 @@ def run_main(argv: Sequence[str]) -> int:
         for line in exc.lines:
             print(f"rlfleet-trainer run: config error: {line}", file=sys.stderr)
         return 2
-    setup_logging("trainer")
     from rlfleet_core.models import ModelNotFound
 
+    from rlfleet_trainer.ranks import env_rank_info, init_distributed
     from rlfleet_trainer.run import run_stage
 
     try:
-        state = asyncio.run(run_stage(recipe, args.run_dir, resume=args.resume))
+        info = env_rank_info()
+        setup_logging("trainer" if info.world_size == 1 else f"trainer.rank{info.rank}")
+        init_distributed()
+    except (ValueError, RuntimeError) as exc:
+        print(f"rlfleet-trainer run: error: {exc}", file=sys.stderr)
+        return 1
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    try:
+        state = asyncio.run(run_stage(recipe, args.run_dir, resume=args.resume or restarted))
     except (ValueError, FileNotFoundError, ModelNotFound) as exc:
         # Bad settings or inputs found while building the stage: one line, not a traceback.
         print(f"rlfleet-trainer run: error: {exc}", file=sys.stderr)
@@ -51,6 +70,13 @@ def run_main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         print("rlfleet-trainer run: interrupted; continue with --resume", file=sys.stderr)
         return 130
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if info.rank != 0:
+        return 0
     print(f"trained {state.step} steps; weight version {state.weight_version}")
     return 0
 

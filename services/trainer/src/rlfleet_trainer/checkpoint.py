@@ -1,7 +1,8 @@
 """Atomic checkpoints of a GRPO run.
 
 Layout of `<dir>/step_<n>/`:
-    policy/               the backend's save() (model.safetensors, optimizer.pt)
+    policy/               the backend's save() (model.safetensors, optimizer.pt; with
+                          several ranks each rank's shards, see backends/base.py)
     trainer_state.json    step, weight version, data cursor, ledger length, collector
                           state (prompt indices in flight), replay buffer, metrics
     rng.pt                Python, NumPy and torch (CPU + CUDA) generator states
@@ -10,6 +11,9 @@ A checkpoint is written into `<dir>/.tmp-step_<n>-<pid>/`, fsync'ed, then rename
 `step_<n>` (rename is atomic on POSIX), so a `step_*` folder is always complete: a kill at
 any moment leaves either the old set of checkpoints or the old set plus the new one.
 Leftover `.tmp-*` folders are removed when the next checkpoint is written.
+With several trainer ranks only rank 0 runs this; `backend.save` (a `ranks.DriverBackend`)
+has every rank write its shards into the temporary folder and waits for all of them
+(barrier) before this function commits it.
 """
 
 from __future__ import annotations

@@ -145,6 +145,7 @@ class Sampling:
                 top_p=generation.top_p,
                 top_k=generation.top_k,
                 max_tokens=generation.max_new_tokens,
+                seed=generation.seed,
             )
         sampled = temperature > 0
         return cls(

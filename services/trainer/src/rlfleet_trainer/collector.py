@@ -14,6 +14,7 @@ can change it half-way through a snapshot: the event loop runs one thing at a ti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections import deque
@@ -231,7 +232,7 @@ class Collector:
             prompt.prompt_id,
             prompt.token_ids,
             self.group_size,
-            self.sampling.capped(prompt.max_tokens),
+            self._sampling_for(prompt),
         )
         samples = [trajectory_from_result(prompt, r) for r in results]
         self.stats.generated_tokens += sum(len(s.token_ids) for s in samples)
@@ -248,6 +249,16 @@ class Collector:
             sample.reward = score.reward
             sample.reward_masked = score.masked
         return PromptGroup(prompt_id=prompt.prompt_id, env=prompt.env, samples=samples)
+
+    def _sampling_for(self, prompt: Prompt) -> Sampling:
+        """The recipe's sampling for `prompt`; seeded per prompt when `generation.seed` is
+        set (the engine gives sample k of the group seed + k)."""
+        sampling = self.sampling.capped(prompt.max_tokens)
+        if self.sampling.seed is None:
+            return sampling
+        return dataclasses.replace(
+            sampling, seed=self.sampling.seed + prompt.index * self.group_size
+        )
 
     def drop(self, prompt_id: str, reason: str) -> None:
         self.drops.append(LedgerEntry(prompt_id=prompt_id, outcome="dropped", reason=reason))

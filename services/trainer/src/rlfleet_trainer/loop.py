@@ -38,6 +38,7 @@ from rlfleet_trainer.clients import RewardClient, RolloutClient
 from rlfleet_trainer.collector import Collector
 from rlfleet_trainer.data import PromptSource
 from rlfleet_trainer.ledger import Ledger, LedgerEntry
+from rlfleet_trainer.ranks import DriverBackend, train_slice
 from rlfleet_trainer.replay import PromptGroup
 from rlfleet_trainer.steps import prepare_step, split_informative
 from rlfleet_trainer.validation import read_heldout, validate, write_heldout
@@ -52,9 +53,11 @@ MAX_EMPTY_STEPS = 3
 """Consecutive steps without a single informative group before the run stops."""
 
 CRASH_ENV = "RLFLEET_TRAINER_CRASH_AT"
-"""Test hook: `<point>:<step>` kills this process with SIGKILL at that point of that step
-(points: after_train, after_ledger, checkpoint_before_rename, after_checkpoint,
-after_publish). Used by the kill -9 / resume test."""
+"""Test hook: `<point>:<step>[:<rank>]` kills that trainer rank (default 0, the driver)
+with SIGKILL at that point of that step, in the launcher's first attempt only (a rank that
+torchrun restarts runs on). Driver points: after_train, after_ledger,
+checkpoint_before_rename, after_checkpoint, after_publish; follower points: after_train,
+checkpoint_saved. Used by the kill -9 / resume tests."""
 
 
 HOLD_ENV = "RLFLEET_TRAINER_HOLD_AT"
@@ -63,9 +66,12 @@ right after that checkpoint until a signal ends it (at most 10 minutes). Used by
 Ctrl-C / resume test to interrupt a stage at a known step, however fast the machine."""
 
 
-def crash_hook(point: str, step: int) -> None:
+def crash_hook(point: str, step: int, rank: int | None = None) -> None:
     wanted = os.environ.get(CRASH_ENV, "")
-    if wanted and wanted == f"{point}:{step}":
+    if not wanted or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return
+    rank = int(os.environ.get("RANK", "0") or 0) if rank is None else rank
+    if wanted in (f"{point}:{step}:{rank}", *((f"{point}:{step}",) if rank == 0 else ())):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -268,27 +274,20 @@ async def gather_groups(
             collector.drop(group.prompt_id, "zero_variance")
         if len(kept) >= g.num_prompts_per_step:
             break
-    return kept, rounds
+    # In prompt order, not arrival order: the batch (and each rank's slice of it) and the
+    # ledger then do not depend on which request finished first.
+    return sorted(kept, key=lambda group: group.prompt_id), rounds
 
 
 async def train_on(
     backend: PolicyBackend, batch: Any, loss_config: LossConfig
 ) -> tuple[dict[str, float], dict[str, float]]:
     """prev/reference logprobs (when needed), then one optimizer step, in a worker thread
-    so generation results keep streaming in."""
-    timings: dict[str, float] = {}
-    started = time.monotonic()
-    if not loss_config.force_on_policy_ratio:
-        batch.prev_logprobs_NT = await asyncio.to_thread(backend.logprobs, batch)
-    if loss_config.kl_coef > 0:
-        batch.reference_logprobs_NT = await asyncio.to_thread(
-            backend.logprobs, batch, reference=True
-        )
-    timings["logprobs_s"] = time.monotonic() - started
-    started = time.monotonic()
-    metrics = await asyncio.to_thread(backend.train_step, batch, loss_config)
-    timings["train_s"] = time.monotonic() - started
-    return metrics, timings
+    so generation results keep streaming in. Several ranks: the driver sends the batch to
+    every rank and each trains on its slice (`ranks.DriverBackend.train`)."""
+    if isinstance(backend, DriverBackend):
+        return await asyncio.to_thread(backend.train, batch, loss_config)
+    return await asyncio.to_thread(train_slice, backend, batch, loss_config)
 
 
 def ledger_step(

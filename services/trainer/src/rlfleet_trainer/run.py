@@ -3,15 +3,17 @@ then `run_grpo`. `run_stage` is what `rlfleet-trainer run` and the service call.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.run_folder import StageFolder
 
@@ -20,6 +22,7 @@ from rlfleet_trainer.checkpoint import TrainerState, latest_checkpoint
 from rlfleet_trainer.clients import CallRetry, RewardClient, RolloutClient
 from rlfleet_trainer.data import PromptSource, read_rows
 from rlfleet_trainer.loop import RunContext, run_grpo
+from rlfleet_trainer.ranks import DriverBackend, follow
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +43,8 @@ def build_backend(recipe: RecipeConfig, model_path: Path) -> PolicyBackend:
     if backend == "megatron":
         from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
 
-        return MegatronPolicy.from_recipe(recipe, model_path)
+        # A cast until the megatron backend carries the rank attributes (issue 15, its slice).
+        return cast(PolicyBackend, MegatronPolicy.from_recipe(recipe, model_path))
     raise ValueError(f"unknown policy.backend {backend!r}; valid: torch, megatron")
 
 
@@ -63,9 +67,12 @@ def build_context(
     retry = CallRetry(services.call_attempts, services.retry_backoff_s)
     run_dir.mkdir(parents=True, exist_ok=True)
     StageFolder(run_dir).recipe_json.write_text(recipe.model_dump_json(indent=2))
+    backend: PolicyBackend = build_backend(recipe, model_path)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        backend = DriverBackend(backend)
     return RunContext(
         recipe=recipe,
-        backend=build_backend(recipe, model_path),
+        backend=backend,
         source=PromptSource.from_recipe(
             recipe, rows, tokenizer, recipe.data.shuffle, training=True
         ),
@@ -79,6 +86,18 @@ def build_context(
         tokenizer=tokenizer,
         run_dir=run_dir,
     )
+
+
+def run_follower(recipe: RecipeConfig) -> TrainerState:
+    """A rank other than 0: the same backend, no service connection, the driver's commands
+    until it stops (see `ranks`)."""
+    from rlfleet_core.models import resolve_model
+
+    seed_everything(recipe.grpo.seed)
+    backend = build_backend(recipe, resolve_model(recipe.policy.model))
+    done = follow(backend, dist.get_rank())
+    logger.info("follower done after %d commands", done)
+    return TrainerState()
 
 
 def _rows(path: str | None, key: str) -> list[dict[str, Any]]:
@@ -95,7 +114,10 @@ async def run_stage(
     rows: Sequence[dict[str, Any]] | None = None,
     val_rows: Sequence[dict[str, Any]] | None = None,
 ) -> TrainerState:
-    """Train the stage, export the final weights as a HF folder, return the final state."""
+    """Train the stage, export the final weights as a HF folder, return the final state.
+    Under torchrun every rank calls this: rank 0 drives the stage, the others follow."""
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return await asyncio.to_thread(run_follower, recipe)
     ctx = build_context(recipe, run_dir, rows, val_rows)
     try:
         state = await run_grpo(ctx, resume=resume)
@@ -113,6 +135,8 @@ async def run_stage(
                 indent=2,
             )
         )
+        if isinstance(ctx.backend, DriverBackend):
+            ctx.backend.stop()  # only on success: after an error torchrun ends the others
         return state
     finally:
         await ctx.rollout.close()

@@ -6,8 +6,10 @@
   ranks of the default process group (launch with torchrun). Each decoder layer is its own
   FSDP unit, then the root; each rank trains on its slice of the global batch and the loss
   normaliser (valid tokens/sequences) is all-reduced, so the summed gradient equals the
-  single-process one. `hf_state_dict` gathers full tensors (DTensor.full_tensor) for
-  publishing. Exercised on CPU with gloo at world size 1 in the tests.
+  single-process one. `hf_state_dict` gathers the full tensors once, onto global rank 0
+  only (the publishing rank); checkpoints are torch.distributed.checkpoint shards, one
+  file per rank. A GRPO stage under torchrun runs it with gloo ranks on CPU
+  (tests/test_trainer_ranks.py).
 
 Shape legend: N = samples, L = sequence length, T = L − 1 prediction positions, V = vocab.
 """
@@ -100,6 +102,9 @@ class TorchPolicy:
         if self.fsdp_enabled:
             apply_fsdp(self.model)
         self.grad_scale = float(self.world_size) if self.fsdp_enabled else 1.0
+        # The rank contract of backends/base.py: every rank is a data-parallel replica.
+        self.data_parallel_size = self.world_size if self.fsdp_enabled else 1
+        self.data_parallel_rank = dist.get_rank() if self.data_parallel_size > 1 else 0
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
@@ -162,9 +167,19 @@ class TorchPolicy:
             # *global* token count, so ranks' gradients must add up: scale by the world
             # size (a divide factor of 1 needs PREMUL_SUM, which gloo lacks).
             (loss * self.grad_scale).backward()  # type: ignore[no-untyped-call]
+        if self.data_parallel_size > 1:
+            metrics = self._sum_over_ranks(metrics)
         metrics["grad_norm"] = self._clip_and_step()
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
+
+    def _sum_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The step's metrics: each is normalised by the global counts, so the global value
+        is the sum of the ranks' (every rank has the same keys, in sorted order)."""
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(values)
+        return dict(zip(keys, values.tolist(), strict=True))
 
     def _clip_and_step(self) -> float:
         max_norm = self.config.max_grad_norm or math.inf
@@ -179,12 +194,28 @@ class TorchPolicy:
     # --- weights --------------------------------------------------------------------------
 
     def hf_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self.model.state_dict().items():
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            yield name, tensor.detach().cpu()
+        if not self.fsdp_enabled:
+            for name, tensor in self.model.state_dict().items():
+                yield name, tensor.detach().cpu()
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        # Gathered once; with cpu_offload only global rank 0 keeps the full tensors.
+        full = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if dist.get_rank() == 0:
+            for name, tensor in full.items():
+                assert isinstance(tensor, torch.Tensor)
+                yield name, tensor
 
     def save(self, path: Path) -> None:
+        if self.fsdp_enabled:
+            self._save_sharded(path)
+            return
         save_file(unshared(dict(self.hf_state_dict())), str(path / "model.safetensors"))
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
@@ -192,6 +223,9 @@ class TorchPolicy:
         )
 
     def load(self, path: Path) -> None:
+        if self.fsdp_enabled:
+            self._load_sharded(path)
+            return
         from safetensors.torch import load_file
 
         self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
@@ -199,8 +233,39 @@ class TorchPolicy:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
+    def _save_sharded(self, path: Path) -> None:
+        """FSDP2: torch.distributed.checkpoint into `path/dcp` (each rank writes its own
+        `__<rank>_0.distcp` shards of model and optimizer, rank 0 the `.metadata`); the
+        scheduler (the same on every rank) goes to `scheduler.pt` from rank 0."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict_saver import save
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(path / "dcp"))
+        if dist.get_rank() == 0:
+            torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
+
+    def _load_sharded(self, path: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load
+
+        if not (path / "dcp").is_dir():
+            raise FileNotFoundError(
+                f"{path} has no dcp/ folder: it was saved by a single process; resume it with "
+                "one rank (policy.data_parallel_size=1)"
+            )
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        # Loaded in place into this rank's shards (the dicts hold its DTensors).
+        load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(path / "dcp"))
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd
+        )
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+
     def export_hf(self, path: Path) -> None:
-        export_hf_folder(dict(self.hf_state_dict()), self.config.model_path, path)
+        tensors = dict(self.hf_state_dict())  # collective under FSDP2
+        if self.data_parallel_size == 1 or dist.get_rank() == 0:
+            export_hf_folder(tensors, self.config.model_path, path)
 
 
 def export_hf_folder(state_dict: dict[str, torch.Tensor], source_model: Path, path: Path) -> None:
