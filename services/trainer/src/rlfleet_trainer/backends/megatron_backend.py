@@ -59,6 +59,7 @@ from rlfleet_trainer.backends.megatron_setup import (
     MegatronBackendConfig,
     build_gpt_model,
     check_parallel_sizes,
+    freeze_padding_row,
     init_megatron,
     load_hf_state,
     load_megatron_state,
@@ -148,6 +149,8 @@ class MegatronPolicy:
             hf_state, self.dims, self.tp_rank, self.tp_size, self.pipe.rank, self.pp_size
         )
         load_megatron_state(model, shard)
+        if self.pipe.is_first and self.dims.pad_token_id is not None:
+            freeze_padding_row(model, self.dims.pad_token_id)
         return model
 
     # --- scoring --------------------------------------------------------------------------

@@ -162,6 +162,21 @@ def build_gpt_model(
     return model
 
 
+def freeze_padding_row(model: torch.nn.Module, pad_token_id: int) -> None:
+    """HF builds its embedding with `padding_idx=pad_token_id`, so the lookup never trains
+    that row (the torch backend); Megatron's embedding has no such option. The same here by
+    detaching the lookup where the input is the pad token (values unchanged). Found by a
+    TP=2 GRPO stage whose tiny model generated token 0 = its pad token."""
+    embedding: Any = model
+    word_embeddings = embedding.embedding.word_embeddings
+
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+        pad_NL1 = (args[0] == pad_token_id).unsqueeze(-1)
+        return torch.where(pad_NL1, out.detach(), out)
+
+    word_embeddings.register_forward_hook(hook)
+
+
 def load_megatron_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
