@@ -2,9 +2,12 @@
 pipeline parallelism, loaded from and published as Hugging Face weights.
 
 Process layout: launch one process per rank (torchrun); the default process group (gloo on
-CPU, NCCL on GPU) holds world = TP × PP × DP ranks. Every rank of a DP replica sees the same
-samples; DP replicas see disjoint slices and their gradients are summed (the loss is
-already divided by the *global* token count, so a sum is the right reduction).
+CPU, NCCL on GPU; made by the trainer entry, or by `init_process_group` on an in-memory
+store for a world of one) holds world = TP × PP × DP ranks. Every rank of a DP replica sees
+the same samples; DP replicas see disjoint slices and their gradients and metrics are
+summed (the loss is already divided by the *global* token count, so a sum is the right
+reduction). Weights are gathered once, to global rank 0; checkpoints hold one shard per
+(TP, PP) rank. The rank contract is `backends/base.py`'s.
 
 Pipeline parallelism: each PP stage builds a `GPTModel` with an even share of the decoder
 layers (embedding on the first stage, final norm and LM head on the last) and loads only
@@ -56,6 +59,7 @@ from rlfleet_trainer.backends.megatron_setup import (
     MegatronBackendConfig,
     build_gpt_model,
     check_parallel_sizes,
+    freeze_padding_row,
     init_megatron,
     load_hf_state,
     load_megatron_state,
@@ -97,7 +101,9 @@ class MegatronPolicy:
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.pp_size = config.pipeline_parallel_size
         self.dp_group = parallel_state.get_data_parallel_group()
-        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.data_parallel_rank: int = parallel_state.get_data_parallel_rank()
+        self.data_parallel_size: int = parallel_state.get_data_parallel_world_size()
+        self.dp_size = self.data_parallel_size
         if torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
@@ -143,6 +149,8 @@ class MegatronPolicy:
             hf_state, self.dims, self.tp_rank, self.tp_size, self.pipe.rank, self.pp_size
         )
         load_megatron_state(model, shard)
+        if self.pipe.is_first and self.dims.pad_token_id is not None:
+            freeze_padding_row(model, self.dims.pad_token_id)
         return model
 
     # --- scoring --------------------------------------------------------------------------
@@ -192,7 +200,10 @@ class MegatronPolicy:
     # --- training -------------------------------------------------------------------------
 
     def train_step(self, batch: TrainBatch, loss_config: LossConfig) -> dict[str, float]:
-        """Same loss as the torch backend; `batch` is this DP replica's slice."""
+        """Same loss as the torch backend; `batch` is this DP replica's slice (every TP/PP
+        rank of the replica gets the same one). The loss is divided by the valid tokens of
+        all slices and the gradients are summed over DP, so the step equals one process's
+        on the whole batch; so do the returned metrics, on every rank."""
         self.model.train()
         counts = global_counts(batch, self.device, self.dp_group, reduce=self.dp_size > 1)
         metrics: dict[str, float] = {}
@@ -208,11 +219,17 @@ class MegatronPolicy:
         one_forward_one_backward(self.pipe, parts, stage_forward)
         if self.dp_size > 1:
             for param in self.model.parameters():
-                if param.grad is not None:
-                    dist.all_reduce(param.grad, group=self.dp_group)
+                if param.grad is None:  # the same collectives on every replica
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, group=self.dp_group)
         if self.tied_copies:
             self._sum_tied_embedding_grads()
         metrics = self.pipe.objects_from_last_stage(metrics)
+        if self.dp_size > 1:  # each replica's sums are over its slice: add them up
+            slices: list[Any] = [None] * self.dp_size
+            dist.all_gather_object(slices, metrics, group=self.dp_group)
+            keys = dict.fromkeys(k for part in slices for k in part)  # an empty slice has none
+            metrics = {k: sum(part.get(k, 0.0) for part in slices) for k in keys}
         metrics["grad_norm"] = self._clip_and_step()
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
@@ -271,9 +288,9 @@ class MegatronPolicy:
 
     # --- weights --------------------------------------------------------------------------
 
-    def _stage_state(self) -> dict[str, torch.Tensor]:
-        """This stage's tensors gathered over the TP group (collective: all TP ranks call
-        it), on CPU, under the stage's local layer numbers."""
+    def _stage_state(self) -> dict[str, torch.Tensor] | None:
+        """This stage's tensors gathered over the TP group to its TP rank 0 (collective: all
+        TP ranks call it), on CPU, under the stage's local layer numbers; None elsewhere."""
         full = {}
         for name, tensor in self.model.state_dict().items():
             if not isinstance(tensor, torch.Tensor) or name.endswith("_extra_state"):
@@ -283,72 +300,90 @@ class MegatronPolicy:
             if self.tp_size > 1 and dim is not None:
                 tensor = tensor.contiguous()
                 parts = [torch.empty_like(tensor) for _ in range(self.tp_size)]
-                dist.all_gather(parts, tensor, group=self.tp_group)
+                dist.gather(
+                    tensor, parts if self.tp_rank == 0 else None, group=self.tp_group, group_dst=0
+                )
                 tensor = (
                     gather_fc1(parts)
                     if name.endswith("linear_fc1.weight")
                     else torch.cat(parts, dim)
                 )
             full[name] = tensor.cpu()
-        return full
+        return full if self.tp_rank == 0 else None
 
-    def _full_megatron_state(self) -> dict[str, torch.Tensor]:
-        """Every tensor of the model, TP-gathered then collected from every pipeline stage,
-        on every rank (collective: all ranks call it)."""
+    def _full_megatron_state(self) -> dict[str, torch.Tensor] | None:
+        """Every tensor of the model on global rank 0 (None on the other ranks): each stage
+        of DP replica 0 is gathered over TP, then its TP rank 0 sends it to rank 0 over the
+        pipeline group (collective: every rank calls it; other replicas hold the same
+        weights and take no part)."""
+        if self.data_parallel_rank != 0:
+            return None
         own = self._stage_state()
-        if self.pp_size == 1:
+        if own is None or self.pp_size == 1:
             return own
-        stages = []
-        for stage in range(self.pp_size):
-            src = dist.get_global_rank(self.pipe.group, stage)
-            stages.append(self._broadcast_state(own if stage == self.pipe.rank else None, src))
+        if not self.pipe.is_first:
+            self._send_state(own)
+            return None
+        stages = [own, *(self._recv_state(stage) for stage in range(1, self.pp_size))]
         return merge_pipeline_stages(stages, self.dims)
 
-    def _broadcast_state(
-        self, state: dict[str, torch.Tensor] | None, src: int
-    ) -> dict[str, torch.Tensor]:
-        """`state` from global rank `src` to its pipeline group: names, shapes and dtypes as
-        one object, then each tensor as a device tensor (NCCL cannot send CPU tensors)."""
-        box: list[Any] = [
-            None if state is None else [(k, v.shape, v.dtype) for k, v in state.items()]
-        ]
-        dist.broadcast_object_list(box, src=src, group=self.pipe.group)
+    def _send_state(self, state: dict[str, torch.Tensor]) -> None:
+        """`state` to the first stage: names, shapes and dtypes as one object, then each
+        tensor as a device tensor (NCCL sends no CPU tensors)."""
+        meta = [[(k, v.shape, v.dtype) for k, v in state.items()]]
+        dist.send_object_list(meta, group=self.pipe.group, group_dst=0, device=self.device)
+        for tensor in state.values():
+            dist.send(tensor.to(self.device), group=self.pipe.group, group_dst=0)
+
+    def _recv_state(self, stage: int) -> dict[str, torch.Tensor]:
+        meta: list[Any] = [None]
+        dist.recv_object_list(meta, group=self.pipe.group, group_src=stage, device=self.device)
         out = {}
-        for name, shape, dtype in box[0]:
-            if state is not None:
-                tensor = state[name].to(self.device)
-            else:
-                tensor = torch.empty(shape, dtype=dtype, device=self.device)
-            dist.broadcast(tensor, src=src, group=self.pipe.group)
+        for name, shape, dtype in meta[0]:
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+            dist.recv(tensor, group=self.pipe.group, group_src=stage)
             out[name] = tensor.cpu()
         return out
 
     def hf_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from megatron_to_hf(self._full_megatron_state(), self.dims).items()
+        """Collective: every rank calls it. The full HF-named weights, gathered once over
+        TP and PP, on global rank 0; an empty iterator on every other rank. The gather runs
+        at the call, not lazily, so a rank that never iterates still takes part."""
+        full = self._full_megatron_state()
+        return iter(() if full is None else megatron_to_hf(full, self.dims).items())
+
+    def _shard_file(self, path: Path) -> Path:
+        """This rank's (TP, PP) shard: DP replicas hold the same weights and optimizer
+        state, so one file per model-parallel rank, and a resume may change the DP size."""
+        return path / f"megatron_tp{self.tp_rank:02d}_pp{self.pipe.rank:02d}.pt"
 
     def save(self, path: Path) -> None:
-        """Per-rank shard + optimizer (a resume needs the same TP and PP sizes); rank 0 adds
-        the HF export under HF_SUBDIR so a checkpoint is also a HF folder."""
-        rank = dist.get_rank()
-        torch.save(
-            {
-                "model": {
-                    k: v
-                    for k, v in self.model.state_dict().items()
-                    if not k.endswith("_extra_state")
+        """Collective. DP replica 0's ranks each write their model + optimizer + scheduler
+        shard; global rank 0 writes the parallel sizes and the HF export under HF_SUBDIR
+        (so a checkpoint is also a HF folder). Returns when every shard is on disk."""
+        path.mkdir(parents=True, exist_ok=True)
+        if self.data_parallel_rank == 0:
+            model = {
+                k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")
+            }
+            torch.save(
+                {
+                    "model": model,
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
                 },
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-            },
-            path / f"megatron_rank{rank:03d}.pt",
-        )
+                self._shard_file(path),
+            )
         hf = dict(self.hf_state_dict())
-        if rank == 0:
+        if dist.get_rank() == 0:
             sizes = {"tensor_parallel_size": self.tp_size, "pipeline_parallel_size": self.pp_size}
             (path / PARALLEL_SIZES_FILE).write_text(json.dumps(sizes))
             export_hf_folder(hf, self.config.model_path, path / HF_SUBDIR)
+        dist.barrier()
 
     def load(self, path: Path) -> None:
+        """Collective: each rank reads its (TP, PP) shard; the TP and PP sizes must be the
+        ones it was written at, the DP size may differ."""
         saved = json.loads((path / PARALLEL_SIZES_FILE).read_text())
         for key, ours in (
             ("tensor_parallel_size", self.tp_size),
@@ -360,12 +395,19 @@ class MegatronPolicy:
                     f"checkpoint {path} was written at {key} {theirs}, this run uses {ours}; "
                     "start from its hf/ folder instead (policy.model=<checkpoint>/policy/hf)"
                 )
-        state = torch.load(path / f"megatron_rank{dist.get_rank():03d}.pt", weights_only=True)
+        shard = self._shard_file(path)
+        if not shard.exists():
+            raise FileNotFoundError(
+                f"checkpoint {path} has no {shard.name} (written before shards were named by "
+                "TP/PP rank?); start from its hf/ folder instead"
+            )
+        state = torch.load(shard, map_location=self.device, weights_only=True)
         load_megatron_state(self.model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     def export_hf(self, path: Path) -> None:
+        """Collective; global rank 0 writes the folder."""
         hf = dict(self.hf_state_dict())
         if dist.get_rank() == 0:
             export_hf_folder(hf, self.config.model_path, path)

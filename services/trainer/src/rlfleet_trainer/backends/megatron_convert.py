@@ -54,6 +54,7 @@ class ModelDims:
     rms_norm_eps: float
     rope_theta: float
     max_position_embeddings: int
+    pad_token_id: int | None = None
 
     @property
     def heads_per_group(self) -> int:
@@ -83,6 +84,7 @@ class ModelDims:
             rms_norm_eps=config.rms_norm_eps,
             rope_theta=float(rope_theta),
             max_position_embeddings=config.max_position_embeddings,
+            pad_token_id=getattr(config, "pad_token_id", None),
         )
 
 

@@ -7,6 +7,7 @@ re-initialised and `torch.cuda.current_device` routed to the CPU; all of that ha
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,26 +38,40 @@ def check_parallel_sizes(config: MegatronBackendConfig, dims: ModelDims) -> None
     stage_layers(dims.num_layers, 0, config.pipeline_parallel_size)  # raises if uneven
 
 
-def init_megatron(config: MegatronBackendConfig) -> None:
-    """Default process group (from torchrun's env, or a world of 1), Megatron's parallel
-    state and RNG tracker."""
-    import os
+def init_process_group() -> None:
+    """The default process group, unless the trainer entry made it already (a multi-rank
+    stage does, from torchrun's or srun's env). A world of one needs no rendezvous: an
+    in-memory store, so no port is taken (two single-rank trainers on one machine cannot
+    collide). A larger world meets at the MASTER_ADDR/MASTER_PORT its launcher set."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        return
+    missing = [key for key in ("RANK", "MASTER_ADDR", "MASTER_PORT") if key not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"WORLD_SIZE={world} but {', '.join(missing)} unset: start the trainer ranks "
+            "with torchrun or srun, which set the rendezvous address and port"
+        )
+    dist.init_process_group(
+        backend, init_method="env://", rank=int(os.environ["RANK"]), world_size=world
+    )
 
+
+def init_megatron(config: MegatronBackendConfig) -> None:
+    """Default process group (see `init_process_group`), Megatron's parallel state over it
+    (TP × PP × DP = its world) and the RNG tracker."""
     if torch.cuda.is_available():
         # One GPU per local rank (NCCL refuses two ranks on one device).
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     else:
         # Megatron asks for the current CUDA device in a few places; on CPU there is none.
         torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29511")
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(
-            backend,
-            rank=int(os.environ.get("RANK", 0)),
-            world_size=int(os.environ.get("WORLD_SIZE", 1)),
-        )
+    init_process_group()
     from megatron.core import parallel_state  # type: ignore[import-untyped]
     from megatron.core.tensor_parallel.random import initialize_rng_tracker  # type: ignore[import-untyped]
 
@@ -132,6 +147,21 @@ def build_gpt_model(
         parallel_output=False,  # full-vocab logits: the loss code is shared with torch
     )
     return model
+
+
+def freeze_padding_row(model: torch.nn.Module, pad_token_id: int) -> None:
+    """HF builds its embedding with `padding_idx=pad_token_id`, so the lookup never trains
+    that row (the torch backend); Megatron's embedding has no such option. The same here by
+    detaching the lookup where the input is the pad token (values unchanged). Found by a
+    TP=2 GRPO stage whose tiny model generated token 0 = its pad token."""
+    embedding: Any = model
+    word_embeddings = embedding.embedding.word_embeddings
+
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+        pad_NL1 = (args[0] == pad_token_id).unsqueeze(-1)
+        return torch.where(pad_NL1, out.detach(), out)
+
+    word_embeddings.register_forward_hook(hook)
 
 
 def load_megatron_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
