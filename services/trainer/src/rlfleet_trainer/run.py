@@ -9,7 +9,7 @@ import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,8 +43,7 @@ def build_backend(recipe: RecipeConfig, model_path: Path) -> PolicyBackend:
     if backend == "megatron":
         from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
 
-        # A cast until the megatron backend carries the rank attributes (issue 15, its slice).
-        return cast(PolicyBackend, MegatronPolicy.from_recipe(recipe, model_path))
+        return MegatronPolicy.from_recipe(recipe, model_path)
     raise ValueError(f"unknown policy.backend {backend!r}; valid: torch, megatron")
 
 
