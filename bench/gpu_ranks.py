@@ -1,8 +1,8 @@
 """A GRPO stage at several trainer ranks on 2 GPUs, the rollout service's vllm engine
 serving the policy: the torch backend at DP=1 (the baseline, same run) and DP=2 (FSDP2
 over both GPUs), and the megatron backend at TP=2. Every layout trains the same recipe
-from the same random-weight model (SmolLM2-135M's body over a 512-token vocabulary) and
-pushes its weights to vLLM over NCCL after each step.
+from the same random-weight model and
+pushes its weights to vLLM over NCCL after each step (GPU_SHAPE: ~90M parameters).
 
 The trainer runs as `rlfleet-trainer run` under torchrun, exactly as `rlfleet rl` launches
 a stage with `policy.world_size` > 1; vLLM shares GPU 1 with trainer rank 1 (a third of its
@@ -31,6 +31,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GPU_SHAPE: dict[str, Any] = {
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 512,
+    "tie_word_embeddings": True,
+}
+"""SmolLM2-135M's depth and width class with 8 query / 4 KV heads (its own 9 / 3 do not
+split over TP=2: megatron refused them on the first GPU run), over the tiny vocabulary."""
 
 LAYOUTS: dict[str, tuple[int, list[str]]] = {
     "torch-dp1": (1, ["policy.backend=torch"]),
@@ -147,7 +159,6 @@ async def run_layout(
 async def main_async(args: Any) -> list[dict[str, Any]]:
     from _gpu_vllm_common import (
         CPU_SHAPE,
-        SMOLLM2_135M_V512,
         Service,
         service_overrides,
         write_model,
@@ -156,11 +167,11 @@ async def main_async(args: Any) -> list[dict[str, Any]]:
 
     gpu = not args.cpu
     work = Path(tempfile.mkdtemp(prefix="gpu-ranks-"))
-    model = write_model(work / "model", CPU_SHAPE if args.cpu else SMOLLM2_135M_V512, "float32")
+    model = write_model(work / "model", CPU_SHAPE if args.cpu else GPU_SHAPE, "float32")
     (work / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(4000, 1)))
     seqs = args.prompts * args.generations
     if gpu:
-        overrides = service_overrides(model, "bfloat16", eager=False, gpu=True, seqs=seqs)
+        overrides = service_overrides(model, "bfloat16", eager=args.eager, gpu=True, seqs=seqs)
         overrides = [o.replace("utilization=0.4", "utilization=0.3") for o in overrides]
         env = {"CUDA_VISIBLE_DEVICES": "1"}
     else:
@@ -196,7 +207,7 @@ def run(quick: bool = False) -> list[Any]:
     if torch.cuda.device_count() < 2:
         raise RuntimeError("gpu-ranks needs two CUDA GPUs and CUDA vLLM; see bench/gpu_vllm.sh")
     args = argparse.Namespace(steps=4 if quick else 8, prompts=16, generations=8, new_tokens=64,
-                              layouts=list(LAYOUTS), layout_timeout_s=240, cpu=False)  # fmt: skip
+                              layouts=list(LAYOUTS), layout_timeout_s=240, cpu=False, eager=False)  # fmt: skip
     results = asyncio.run(main_async(args))
     base = next(r for r in results if r["layout"] == "torch-dp1")
     return [
@@ -223,6 +234,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--layout-timeout-s", type=float, default=240)
+    parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs")
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()

@@ -109,3 +109,28 @@ def test_unanswered_rendezvous_is_retried_then_named() -> None:
     assert out.returncode != 0
     assert f"trainer rank 1: rendezvous at 127.0.0.1:{port} failed 2 times" in out.stderr
     assert "try 1 of 2" in out.stderr
+
+
+def test_worker_threads_use_this_ranks_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend runs in asyncio.to_thread workers, and CUDA's current device is per
+    thread (a new one starts on device 0): on 2x H100 rank 1's follower thread ran its
+    collectives on GPU 0 ("Duplicate GPU detected"). Every worker thread of the loop must
+    be bound to the rank's device first. torch.cuda is stood in for (CPU machine)."""
+    import asyncio
+    import threading
+
+    from rlfleet_trainer.ranks import bind_threads_to_device
+
+    bound: dict[str, int] = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda d: bound.__setitem__(threading.current_thread().name, d)
+    )
+
+    async def main() -> str:
+        bind_threads_to_device(asyncio.get_running_loop())
+        return await asyncio.to_thread(lambda: threading.current_thread().name)
+
+    worker = asyncio.run(main())
+    assert bound.get(worker) == 1, bound

@@ -18,11 +18,13 @@ one process's on the whole batch.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,24 @@ def init_distributed(
         ) from exc
     _set_timeout(datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "3600"))))
     return info
+
+
+def bind_threads_to_device(loop: asyncio.AbstractEventLoop) -> None:
+    """Make the loop's worker threads (asyncio.to_thread: the backend's train, gather and
+    the followers' command loop run there) use this rank's GPU. CUDA's current device is
+    per thread and a new thread starts on device 0, so without this every rank's
+    collectives ran on GPU 0 (NCCL: "Duplicate GPU detected: rank 0 and rank 1 both on
+    CUDA device", seen on 2x H100)."""
+    if not torch.cuda.is_available():
+        return
+    device = torch.cuda.current_device()
+    loop.set_default_executor(
+        ThreadPoolExecutor(
+            thread_name_prefix=f"trainer-cuda{device}",
+            initializer=torch.cuda.set_device,
+            initargs=(device,),
+        )
+    )
 
 
 def _rendezvous_store(

@@ -22,7 +22,7 @@ from rlfleet_trainer.checkpoint import TrainerState, latest_checkpoint
 from rlfleet_trainer.clients import CallRetry, RewardClient, RolloutClient
 from rlfleet_trainer.data import PromptSource, read_rows
 from rlfleet_trainer.loop import RunContext, run_grpo
-from rlfleet_trainer.ranks import DriverBackend, follow
+from rlfleet_trainer.ranks import DriverBackend, bind_threads_to_device, follow
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ async def run_stage(
 ) -> TrainerState:
     """Train the stage, export the final weights as a HF folder, return the final state.
     Under torchrun every rank calls this: rank 0 drives the stage, the others follow."""
+    bind_threads_to_device(asyncio.get_running_loop())
     if dist.is_initialized() and dist.get_rank() != 0:
         return await asyncio.to_thread(run_follower, recipe)
     ctx = build_context(recipe, run_dir, rows, val_rows)
