@@ -6,14 +6,17 @@ at start live here, once: the trainer calls `check_start` before it resolves the
 the dry-run calls the same functions on the same recipe. Either both pass or both fail
 with the same one-line message.
 
-Order (the trainer's): settings the backend cannot honour, the model, the data rows, then
-the number of trainer ranks the launcher starts against the model-parallel sizes.
+Order (the trainer's): settings the backend cannot honour, the model, the data rows, the
+model's shape against TP/PP (megatron), then the number of trainer ranks the launcher
+starts against the model-parallel sizes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from rlfleet_core.hub import ModelNotFound, looks_like_path, resolve_hub_model
 from rlfleet_core.models import BUNDLED_MODELS
@@ -72,6 +75,76 @@ def check_world_size(
         raise StartupError(problem)
 
 
+def model_shape_problem(
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    num_hidden_layers: int,
+    tensor_parallel_size: int,
+    pipeline_parallel_size: int,
+) -> str | None:
+    """Why the megatron backend cannot split this model over TP x PP, or None: tensor
+    parallelism divides the query heads and the key/value groups, pipeline stages divide
+    the decoder layers evenly (no uneven splits)."""
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    if num_attention_heads % tp or num_key_value_heads % tp:
+        return (
+            f"policy.tensor_parallel_size={tp} must divide the model's {num_attention_heads} "
+            f"attention heads and {num_key_value_heads} key/value heads; pick a common divisor"
+        )
+    if num_hidden_layers % pp:
+        return (
+            f"policy.pipeline_parallel_size={pp} must divide the model's {num_hidden_layers} "
+            "decoder layers; pick a divisor of the layer count"
+        )
+    return None
+
+
+def check_model_shape(
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    num_hidden_layers: int,
+    tensor_parallel_size: int,
+    pipeline_parallel_size: int,
+) -> None:
+    problem = model_shape_problem(
+        num_attention_heads,
+        num_key_value_heads,
+        num_hidden_layers,
+        tensor_parallel_size,
+        pipeline_parallel_size,
+    )
+    if problem is not None:
+        raise StartupError(problem)
+
+
+def _model_config(model: str) -> dict[str, Any] | None:
+    """The model's config.json when it can be read here without a download (a local
+    folder, a bundled model, the Hugging Face cache); None otherwise."""
+    from rlfleet_core.models import resolve_model
+
+    try:
+        path = resolve_model(model, download=False)
+        config: dict[str, Any] = json.loads((path / "config.json").read_text())
+    except Exception:  # not resolvable offline: the start resolves and checks it
+        return None
+    return config
+
+
+def shape_problem(recipe: RecipeConfig) -> str | None:
+    """The megatron backend's TP/PP split of the recipe's model, checked from config.json."""
+    config = _model_config(recipe.policy.model)
+    if config is None or "num_attention_heads" not in config:
+        return None
+    heads = int(config["num_attention_heads"])
+    return model_shape_problem(
+        heads,
+        int(config.get("num_key_value_heads") or heads),
+        int(config.get("num_hidden_layers", 1)),
+        recipe.policy.tensor_parallel_size,
+        recipe.policy.pipeline_parallel_size,
+    )
+
+
 def model_problem(model: str, *, download: bool = True) -> str | None:
     """Why `policy.model` cannot resolve here, or None, without loading or downloading it.
 
@@ -127,6 +200,8 @@ def start_problem(
         or model_problem(p.model, download=download)
         or data_problem(recipe.data)
     )
+    if problem is None and megatron:
+        problem = shape_problem(recipe)
     if problem is None and megatron and world_size is not None:
         problem = world_size_problem(p.tensor_parallel_size, p.pipeline_parallel_size, world_size)
     return problem

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rlfleet_contracts.recipe import PolicyConfig
-from rlfleet_contracts.startup import check_parallelism, check_world_size
+from rlfleet_contracts.startup import check_model_shape, check_parallelism, check_world_size
 
 from rlfleet_trainer.backends.base import BackendConfig
 from rlfleet_trainer.backends.megatron_convert import ModelDims, stage_layers
@@ -35,7 +35,13 @@ class MegatronBackendConfig(BackendConfig):
 def check_parallel_sizes(config: MegatronBackendConfig, dims: ModelDims) -> None:
     """Refuse what this backend cannot run, before any process group exists."""
     check_parallelism(config.context_parallel_size, config.expert_parallel_size)
-    stage_layers(dims.num_layers, 0, config.pipeline_parallel_size)  # raises if uneven
+    check_model_shape(
+        dims.num_heads,
+        dims.num_query_groups,
+        dims.num_layers,
+        config.tensor_parallel_size,
+        config.pipeline_parallel_size,
+    )
 
 
 def init_process_group() -> None:
