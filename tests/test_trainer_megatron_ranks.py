@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_trainer_ranks import PROMPTS, _ledger_counts, _rows, _steps, _weights, services
+from test_trainer_ranks import PROMPTS, _ledger_counts, _steps, _weights, services, stage_command
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
@@ -24,36 +24,7 @@ STEPS = 2
 def _stage(
     services: tuple[str, str, Path], run_dir: Path, policy: list[str], ranks: int
 ) -> subprocess.CompletedProcess[str]:
-    from rlfleet_contracts.recipe import RecipeConfig
-    from rlfleet_core.config import dump_yaml, load_config
-    from rlfleet_pipeline.stage import trainer_command
-
-    rollout, reward, model = services
-    run_dir.mkdir(parents=True)
-    recipe = load_config(
-        RecipeConfig,
-        overrides=[
-            f"policy.model={model}",
-            *policy,
-            "policy.max_total_sequence_length=256",
-            "policy.train_micro_batch_size=4",
-            "policy.max_restarts=0",
-            "generation.max_new_tokens=16",
-            "generation.seed=7",
-            f"grpo.num_prompts_per_step={PROMPTS}",
-            "grpo.num_generations_per_prompt=4",
-            f"grpo.max_num_steps={STEPS}",
-            "grpo.lr=1e-3",
-            "grpo.max_trajectory_age_steps=0",
-            "checkpoint.save_every_steps=1",
-            f"services.rollout={rollout}",
-            f"services.reward={reward}",
-            f"data.train_path={_rows(run_dir.parent / f'{run_dir.name}-rows.jsonl')}",
-        ],
-    )
-    recipe_file = run_dir.parent / f"{run_dir.name}.yaml"
-    recipe_file.write_text(dump_yaml(recipe))
-    command = trainer_command(recipe_file, run_dir, [])
+    command = stage_command(services, run_dir, [*policy, "policy.max_restarts=0"], STEPS)
     assert ("torch.distributed.run" in command) == (ranks > 1)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)

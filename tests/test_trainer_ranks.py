@@ -81,14 +81,14 @@ def _rows(path: Path) -> Path:
     return path
 
 
-def _stage(
-    services: tuple[str, str, Path], run_dir: Path, ranks: int, crash_at: str | None = None
-) -> str:
-    """The stage as `rlfleet rl` starts it: stage.trainer_command on a written recipe."""
+def stage_command(
+    services: tuple[str, str, Path], run_dir: Path, extra: list[str], steps: int = STEPS
+) -> list[str]:
+    """The stage as `rlfleet rl` starts it: stage.trainer_command on a written recipe of
+    the shared settings plus `extra` overrides (the layout: DP size, backend, TP...)."""
     from rlfleet_contracts.recipe import RecipeConfig
     from rlfleet_core.config import dump_yaml, load_config
     from rlfleet_pipeline.stage import trainer_command
-    from rlfleet_trainer.loop import CRASH_ENV
 
     rollout, reward, model = services
     run_dir.mkdir(parents=True)
@@ -98,24 +98,33 @@ def _stage(
             f"policy.model={model}",
             "policy.max_total_sequence_length=256",
             "policy.train_micro_batch_size=4",
-            f"policy.data_parallel_size={ranks}",
-            "policy.max_restarts=1",
             "generation.max_new_tokens=16",
             "generation.seed=7",
             f"grpo.num_prompts_per_step={PROMPTS}",
             "grpo.num_generations_per_prompt=4",
-            f"grpo.max_num_steps={STEPS}",
+            f"grpo.max_num_steps={steps}",
             "grpo.lr=1e-3",
             "grpo.max_trajectory_age_steps=0",
             "checkpoint.save_every_steps=1",
             f"services.rollout={rollout}",
             f"services.reward={reward}",
             f"data.train_path={_rows(run_dir.parent / f'{run_dir.name}-rows.jsonl')}",
+            *extra,
         ],
     )
     recipe_file = run_dir.parent / f"{run_dir.name}.yaml"
     recipe_file.write_text(dump_yaml(recipe))
-    command = trainer_command(recipe_file, run_dir, [])
+    return trainer_command(recipe_file, run_dir, [])
+
+
+def _stage(
+    services: tuple[str, str, Path], run_dir: Path, ranks: int, crash_at: str | None = None
+) -> str:
+    from rlfleet_trainer.loop import CRASH_ENV
+
+    command = stage_command(
+        services, run_dir, [f"policy.data_parallel_size={ranks}", "policy.max_restarts=1"]
+    )
     assert ("torch.distributed.run" in command) == (ranks > 1)
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
