@@ -4,26 +4,20 @@ service processes on loopback; the 0.1 fallback is shown in tests/test_upgrades.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from rlfleet_core.client import check_health
+from rlfleet_core.ports import pick_free_port
 from rlfleet_core.versions import git_commit, package_version
 
 RLFLEET = str(Path(sys.executable).parent / "rlfleet")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_version_asks_each_running_service_and_names_the_unreachable(tmp_path: Path) -> None:
-    port, closed = free_port(), free_port()
+    port, closed = pick_free_port(), pick_free_port()
     log = tmp_path / "swe.log"
     serving = subprocess.Popen(
         [RLFLEET, "serve", "swe-runner", "--port", str(port)],

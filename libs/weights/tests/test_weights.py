@@ -3,11 +3,11 @@ straight into a model's tensors over a gloo group (both ranks in this process)."
 
 from __future__ import annotations
 
-import socket
 import threading
 from typing import Any
 
 import pytest
+from rlfleet_core.ports import pick_free_port
 
 torch = pytest.importorskip("torch")
 
@@ -86,16 +86,10 @@ def test_home_buckets_skips_tied_and_view_targets() -> None:
     assert targets["q"].data_ptr() == fused.data_ptr()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("home", [False, True])
 def test_receive_into_targets_matches_sender(home: bool) -> None:
     """Two updates (reused staging buffers, direct and packed buckets, a tied tensor)."""
-    port = _free_port()
+    port = pick_free_port()
     names = ["norm", "half", "k", "big", "ids", "v"]
     targets = {k: torch.zeros_like(v) for k, v in _state(0).items()}
     targets["tied"] = targets["big"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlfleet_core.client import connect
 from rlfleet_core.models import resolve_model
+from rlfleet_core.ports import pick_free_port
 from rlfleet_core.testing import running_service
 from rlfleet_proto import ROLLOUT_SERVICE
 from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
@@ -62,12 +62,6 @@ for bucket in plan.buckets[: len(plan.buckets) // 2]:
 print("half", flush=True)
 time.sleep(600)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _weights(model_path: Path, seed: int) -> dict[str, torch.Tensor]:
@@ -177,7 +171,7 @@ async def test_update_killed_mid_transfer_keeps_the_previous_weights() -> None:
         assert _worst(list(before.logprobs), want) < 1e-4
 
         # Version 2 by broadcast; the sender dies after half of the buckets.
-        port = _free_port()
+        port = pick_free_port()
         sender = subprocess.Popen(
             [
                 sys.executable,
@@ -219,7 +213,7 @@ async def test_update_killed_mid_transfer_keeps_the_previous_weights() -> None:
         assert "still serving version 1" in (info.value.details() or "")
 
         # The next update, over a fresh group, lands whole.
-        port = _free_port()
+        port = pick_free_port()
         box: dict[str, Any] = {}
         joiner = threading.Thread(
             target=lambda: box.update(

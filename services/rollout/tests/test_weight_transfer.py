@@ -4,7 +4,6 @@ vLLM's workers run to receive over that group."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from rlfleet_core.ports import pick_free_port
 from rlfleet_proto.v1 import rollout_pb2
 from rlfleet_weights.collective import GroupSpec, WeightGroup, send_weights
 from rlfleet_weights.grpc_stream import WeightAssembler, iter_weight_chunks
@@ -75,12 +75,6 @@ def test_stream_refuses_out_of_order_and_truncated_streams() -> None:
         assembler.result()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 _RECEIVER = """
 import sys, torch
 from rlfleet_weights.collective import GroupSpec, WeightGroup, receive_weights
@@ -96,7 +90,7 @@ torch.save({k: v.clone() for k, v in receive_weights(group, plan)}, out)
 
 def test_gloo_broadcast_between_processes_moves_exact_tensors(tmp_path: Path) -> None:
     """The receiver learns the tensor list from the header only, as over gRPC."""
-    port = _free_port()
+    port = pick_free_port()
     out = tmp_path / "received.pt"
     header = rollout_pb2.UpdateWeightsRequest(tensors=specs_of(_state()))
     Path(f"{out}.header").write_bytes(header.SerializeToString())
@@ -129,7 +123,7 @@ def test_vllm_worker_functions_receive_and_drain_through_the_group_receiver() ->
     """join_weight_group / load_from_group / drain_group, as collective_rpc runs them."""
     from rlfleet_rollout.engines import vllm_worker
 
-    port = _free_port()
+    port = pick_free_port()
     worker = _FakeVllmWorker()
     box: dict[str, Any] = {}
     sender = threading.Thread(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from rlfleet_core.ports import pick_free_port
 from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
 from rlfleet_trainer.backends.megatron_convert import (
     ModelDims,
@@ -128,18 +128,12 @@ def test_context_and_expert_parallel_refused(tiny_llama: Path, field: str, reaso
     assert f"policy.{field}=2" in message and reason in message and "set it to 1" in message
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_megatron_matches_torch_at_tp1(tiny_model: Path, tiny_llama: Path) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ["MASTER_PORT"] = str(pick_free_port())
     try:
         for model in (tiny_model, tiny_llama):
             assert_parity(parity.megatron_results(model, 1), torch_results(model))
@@ -158,7 +152,7 @@ def _torchrun(nproc: int, args: list[str], timeout: float) -> None:
         "--master_addr",
         "127.0.0.1",
         "--master_port",
-        str(_free_port()),
+        str(pick_free_port()),
         str(HERE / "megatron_parity.py"),
         *args,
     ]

@@ -3,12 +3,12 @@ equals one big batch, learning direction, save/load, HF export, FSDP2 at world s
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from rlfleet_core.ports import pick_free_port
 from rlfleet_trainer.algorithms import LossConfig
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
 from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
@@ -119,18 +119,12 @@ def test_save_load_roundtrip_and_hf_export(tiny_model: Path, tmp_path: Path) -> 
     assert (tmp_path / "hf" / "tokenizer.json").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_fsdp2_world_size_one_matches_plain(tiny_model: Path) -> None:
     _, batch = _batch()
     plain = _policy(tiny_model, max_grad_norm=None)
     plain_metrics = plain.train_step(batch, LOSS)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{pick_free_port()}", rank=0, world_size=1
     )
     try:
         sharded = _policy(tiny_model, max_grad_norm=None, fsdp=True)
@@ -158,7 +152,7 @@ def test_fsdp2_two_ranks_match_one_process_on_the_whole_batch(
     probe = Path(__file__).parent / "fsdp_parity.py"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        "--master_addr", "127.0.0.1", "--master_port", str(pick_free_port()),
         str(probe), "--out", str(tmp_path), str(tiny_model),
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
