@@ -20,12 +20,16 @@ VERSION = tomllib.loads((REPO / "services/rollout/pyproject.toml").read_text())[
 SCRIPT = str(REPO / "deploy/docker/build-images.sh")
 
 
-def dry_run(*services: str, variant: str | None = None) -> subprocess.CompletedProcess[str]:
+def dry_run(
+    *services: str, variant: str | None = None, ray: bool = False
+) -> subprocess.CompletedProcess[str]:
     if shutil.which("uv") is None:
         pytest.skip("build-images.sh needs `uv` on PATH")
     env = {**os.environ, "DRY_RUN": "1"}
     if variant:
         env["IMAGE_TORCH"] = variant
+    if ray:
+        env["IMAGE_RAY"] = "1"
     return subprocess.run(
         [SCRIPT, *services], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
@@ -76,3 +80,11 @@ def test_cpu_only_services_have_no_cuda_variant() -> None:
     assert "reward uses no GPU and has no CUDA variant (trainer, rollout do)" in done.stderr
     bad = dry_run("trainer", variant="rocm")
     assert bad.returncode == 2 and "IMAGE_TORCH must be cpu or cuda, not 'rocm'" in bad.stderr
+
+
+def test_image_ray_adds_ray_to_the_reward_and_sandbox_images() -> None:
+    """A SLURM component of several nodes runs `ray start` in the reward/sandbox image."""
+    plain, with_ray = dry_run("reward", "sandbox"), dry_run("reward", "sandbox", ray=True)
+    assert plain.returncode == with_ray.returncode == 0, plain.stderr + with_ray.stderr
+    assert "requirements.txt: ray==" not in plain.stdout
+    assert with_ray.stdout.count("requirements.txt: ray==") == 2

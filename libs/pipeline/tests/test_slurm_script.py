@@ -98,8 +98,60 @@ def test_heterogeneous_job_layout() -> None:
 
 def test_a_service_on_more_nodes_than_it_can_use_is_refused() -> None:
     p = profile(nodes={"trainer": 2, "rollout": 16})
-    with pytest.raises(ValueError, match=r"nodes.rollout=16: a service runs on one node"):
+    with pytest.raises(ValueError, match=r"nodes.rollout=16: rollout runs on one node"):
         components(p, RLVR)
+
+
+def test_a_reward_on_several_nodes_runs_a_ray_cluster_over_them(tmp_path: Path) -> None:
+    """nodes.reward=3: one task per node; task 0 starts the Ray head and the gateway with
+    its workers on that cluster (pool.backend=ray ray.address=auto, one per node), the
+    others join the head and block. The tasks' own bash runs, with SLURM's variables and
+    stand-ins for scontrol and ray, and the overrides load in the reward's config."""
+    script = plan("none", tmp_path, nodes={"trainer": 1, "reward": 3, "sandbox": 1})
+    words = sruns(script)["reward"]
+    flags = words[: words.index("bash")]
+    assert "--nodes=3" in flags and "--ntasks=3" in flags and "--ntasks-per-node=1" in flags
+    task = words[-1]
+    command = _command(task)
+    overrides = [w.replace("$SANDBOX_TARGET", "n9:50054") for w in command[5:]]
+    config = load_config(get_service("reward").config_model, overrides=overrides)
+    assert (config.pool.backend, config.ray.address, config.ray.workers) == ("ray", "auto", 3)
+    bin_dir = tmp_path / "bin"  # stand-ins on PATH: the task script `exec`s them
+    bin_dir.mkdir()
+    for name, body in {
+        "scontrol": "printf 'cpu-3\\ncpu-4\\ncpu-5\\n'",
+        "ray": 'echo "ray $*"',
+        "rlfleet-reward": 'echo "gateway $*"',
+    }.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    base = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_STEP_NODELIST": "cpu-[3-5]",
+        "ADDRESSES": str(tmp_path / "addresses.env"),
+        "SANDBOX_TARGET": "n9:1",
+    }
+
+    def run_task(procid: str) -> list[str]:
+        # Output to a file, not a pipe: the address publisher in the background holds its
+        # stdout until it sees the task gone, which a pipe reader would wait for.
+        out = tmp_path / f"task{procid}.out"
+        with out.open("w") as sink:
+            done = subprocess.run(
+                ["bash", "-c", task],
+                env={**base, "SLURM_PROCID": procid},
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                timeout=30,
+            )
+        assert done.returncode == 0, out.read_text()
+        return out.read_text().splitlines()
+
+    head = run_task("0")
+    assert head[0] == "ray start --disable-usage-stats --head --port=6381", head
+    assert head[1].startswith("gateway --host 0.0.0.0 --port 50053 sandbox.target=n9:1"), head
+    assert "pool.backend=ray ray.address=auto ray.workers=3" in head[1]
+    assert run_task("2") == ["ray start --disable-usage-stats --address=cpu-3:6381 --block"]
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer", "none"])
@@ -291,7 +343,7 @@ def test_run_without_slurm_commands_is_a_one_line_error(tmp_path: Path) -> None:
     rlfleet = str(Path(sys.executable).parent / "rlfleet")
     (tmp_path / "env.toml").write_text(
         '[c]\nlauncher = "slurm"\ncontainer_runtime = "none"\ngpus_per_node = 0\n'
-        '[big]\nlauncher = "slurm"\ncontainer_runtime = "none"\n[big.nodes]\nreward = 2\n'
+        '[big]\nlauncher = "slurm"\ncontainer_runtime = "none"\n[big.nodes]\nrollout = 2\n'
     )
     env = {**os.environ, "PATH": "/usr/bin:/bin"}
     rows = tmp_path / "rows.jsonl"  # the start's own checks need the data to exist
@@ -320,4 +372,4 @@ def test_run_without_slurm_commands_is_a_one_line_error(tmp_path: Path) -> None:
     )
     # The dry-run fails as the start would (exit 1), with the line naming the key.
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "nodes.reward=2: a service runs on one node" in done.stderr
+    assert "nodes.rollout=2: rollout runs on one node" in done.stderr

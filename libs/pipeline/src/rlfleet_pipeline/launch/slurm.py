@@ -2,7 +2,9 @@
 service (docs/slurm.md).
 
 Component order is fixed (trainer, rollout, reward[, sandbox][, swe-runner]). A service
-runs as one task on its component's first node, listening on 0.0.0.0 at its own port
+runs as one task on its component's first node (the reward gateway and the sandbox may
+have several nodes: the component then starts a Ray cluster over them and the service
+spreads its workers there, `RAY_SERVICES`), listening on 0.0.0.0 at its own port
 (`grpc_port` + an offset per service, so that components sharing a node do not collide).
 Services find each other through `<job_dir>/<jobid>/addresses.env`: each service appends
 `<SERVICE>_TARGET=<node>:<port>` once its health check says SERVING, and whoever needs an
@@ -38,6 +40,13 @@ ENTRY = {
 GPU_SERVICES = ("trainer", "rollout")
 PORT_OFFSET = {"rollout": 1, "reward": 2, "sandbox": 3, "swe-runner": 4}
 """Each service's gRPC port is profile.grpc_port + this (components may share a node)."""
+RAY_SERVICES = ("reward", "sandbox")
+"""Services whose workers spread over a Ray cluster (`pool.backend=ray`): given more than
+one node, their component starts Ray on every node (the head on the first, where the
+service runs) and the service joins it (`ray.address=auto`), one worker per node unless
+the stage's overrides say otherwise."""
+RAY_PORT = 6379
+"""The Ray head's GCS port of a multi-node service component, + the service's offset."""
 
 
 @dataclass
@@ -78,13 +87,13 @@ def components(profile: SlurmProfile, services: list[str] | None = None) -> list
             part = profile.partition if gpu else cpu
             comps.append(Component(service, max(1, counts[service]), gpus if gpu else 0, part))
     for comp in comps[1:]:
-        if comp.nodes > 1:
-            # A service is one process: more nodes would sit idle (and a Ray cluster
-            # started on them would be used by nothing) until it can spread over them.
+        if comp.nodes > 1 and comp.service not in RAY_SERVICES:
+            # The rollout's replicas keep a private Ray on one node; the swe-runner is one
+            # process: more nodes would sit idle.
             raise ValueError(
-                f"nodes.{comp.service.replace('-', '_')}={comp.nodes}: a service runs on one "
-                "node (one process; its replicas/workers do not yet join a Ray cluster across "
-                "nodes); set it to 1"
+                f"nodes.{comp.service.replace('-', '_')}={comp.nodes}: {comp.service} runs on "
+                f"one node (only {' and '.join(RAY_SERVICES)} spread over several, through "
+                "Ray); set it to 1"
             )
     return comps
 
@@ -121,6 +130,10 @@ def service_port(profile: SlurmProfile, service: str) -> int:
     return profile.grpc_port + PORT_OFFSET[service]
 
 
+def ray_port(service: str) -> int:
+    return RAY_PORT + PORT_OFFSET[service]
+
+
 def task_script(profile: SlurmProfile, comp: Component, command: list[str]) -> str:
     """What each task of a component runs (in its container for pyxis)."""
     _, prefix = container_args(profile, comp.service)
@@ -131,6 +144,18 @@ def task_script(profile: SlurmProfile, comp: Component, command: list[str]) -> s
             f'MASTER_ADDR="$TRAINER_HEAD" MASTER_PORT={profile.master_port}'
         )
     else:
+        if comp.nodes > 1:
+            # One task per node: task 0 is the Ray head and runs the service, the others
+            # join its cluster and hold there (`--block`) until the step ends.
+            ray = _cmd([*prefix, "ray", "start", "--disable-usage-stats"])
+            head = f"$RAY_HEAD:{ray_port(comp.service)}"
+            lines += [
+                'RAY_HEAD=$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n1)',
+                'if [[ "$SLURM_PROCID" != 0 ]]; then',
+                f'  exec {ray} --address="{head}" --block',
+                "fi",
+                f"{ray} --head --port={ray_port(comp.service)}",
+            ]
         port = service_port(profile, comp.service)
         health = _cmd([*prefix, "python", "-m", "rlfleet_core.healthcheck", f"127.0.0.1:{port}"])
         # Publish the address once SERVING. bash's /dev/tcp first (free) until the port is
@@ -148,7 +173,7 @@ def task_script(profile: SlurmProfile, comp: Component, command: list[str]) -> s
 
 def srun_line(profile: SlurmProfile, index: int, comp: Component, command: list[str]) -> str:
     flags, _ = container_args(profile, comp.service)
-    nodes = comp.nodes if comp.service == "trainer" else 1
+    nodes = comp.nodes if comp.service == "trainer" or comp.service in RAY_SERVICES else 1
     srun = [
         "srun",
         f"--het-group={index}",
@@ -205,6 +230,8 @@ def service_commands(
         command = [ENTRY[comp.service], "--host", "0.0.0.0", "--port", str(port)]
         if comp.service == "reward" and any(c.service == "sandbox" for c in comps):
             command.append("sandbox.target=$SANDBOX_TARGET")
+        if comp.nodes > 1:  # the Ray cluster the component's tasks start (task_script)
+            command += ["pool.backend=ray", "ray.address=auto", f"ray.workers={comp.nodes}"]
         commands[comp.service] = command + overrides.get(comp.service, [])
     return commands
 
