@@ -373,3 +373,27 @@ def test_run_without_slurm_commands_is_a_one_line_error(tmp_path: Path) -> None:
     # The dry-run fails as the start would (exit 1), with the line naming the key.
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "nodes.rollout=2: rollout runs on one node" in done.stderr
+
+
+def test_a_cache_dir_is_exported_to_every_task(tmp_path: Path) -> None:
+    """`cache_dir` in the profile: the job exports RLFLEET_CACHE_DIR and the caches'
+    variables before any srun (the tasks inherit them); a variable the submitter set
+    wins. The script's own lines run in bash."""
+    script = plan("none", tmp_path, cache_dir="/lustre/cache")
+    lines = [ln for ln in script.splitlines() if ln.startswith("export ") and "CACHE" in ln]
+    lines += [ln for ln in script.splitlines() if ln.startswith("export HF_HOME")]
+    assert script.index(lines[0]) < script.index("\nsrun ")
+    probe = "\n".join([*lines, 'echo "$RLFLEET_CACHE_DIR $HF_HOME $VLLM_CACHE_ROOT"'])
+    env = {"PATH": os.environ["PATH"]}
+    done = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True)
+    assert done.stdout.split() == [
+        "/lustre/cache",
+        "/lustre/cache/huggingface",
+        "/lustre/cache/vllm",
+    ], done.stderr
+    done = subprocess.run(
+        ["bash", "-c", probe], env={**env, "HF_HOME": "/fast/hf"}, capture_output=True, text=True
+    )
+    assert done.stdout.split()[1] == "/fast/hf"
+    (tmp_path / "plain").mkdir()
+    assert "RLFLEET_CACHE_DIR" not in plan("none", tmp_path / "plain")

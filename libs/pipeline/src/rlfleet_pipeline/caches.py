@@ -18,9 +18,9 @@ RLFLEET_CACHE_DIR in the environment wins over it.
 
 Who passes it on: the local fleet sets these variables in its own process while it runs,
 so its services and the trainer started beside them inherit them; `ComposeStack` passes
-them to `docker compose` (for compose.yaml to mount). A SLURM job script should export
-RLFLEET_CACHE_DIR (on a shared filesystem) and the five variables `cache_env` derives
-from it before each `srun`, and mount the folder into each container.
+them to `docker compose` (for compose.yaml to mount); a SLURM profile's `cache_dir` makes
+the job script export them before any `srun` (launch/slurm.py; the folder must be on a
+shared filesystem, mounted at the same path in the containers).
 """
 
 from __future__ import annotations

@@ -95,6 +95,11 @@ class SlurmProfile(ConfigModel):
     """Per-service image: .sqsh / docker:// URI for pyxis, .sif path for apptainer."""
     mounts: list[str] = Field(default_factory=list)
     """host:container bind mounts (shared filesystem for checkpoints and data)."""
+    cache_dir: str | None = None
+    """Shared cache folder (models, HF hub, compiled kernels, uv) on a filesystem every
+    node sees (and mounted in the containers at the same path): the job exports
+    RLFLEET_CACHE_DIR and the caches' variables for every task; an RLFLEET_CACHE_DIR in
+    the submitter's environment wins (`rlfleet_pipeline.caches`)."""
     setup: list[str] = Field(default_factory=list)
     """Shell lines run on each node before its service starts (inside the container for
     pyxis), e.g. `source /shared/rlfleet/.venv/bin/activate` for container_runtime=none."""

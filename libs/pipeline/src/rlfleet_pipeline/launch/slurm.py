@@ -28,6 +28,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from rlfleet_pipeline.caches import CACHE_DIR_ENV, CACHE_SUBDIRS
 from rlfleet_pipeline.launch.profiles import SlurmProfile
 
 ENTRY = {
@@ -188,6 +189,19 @@ def srun_line(profile: SlurmProfile, index: int, comp: Component, command: list[
     return shlex.join(srun)
 
 
+def _cache_lines(profile: SlurmProfile) -> list[str]:
+    """Every task shares one cache folder (models, HF hub, kernels, uv): exported here,
+    so srun passes it to the tasks (pyxis and apptainer pass the environment in)."""
+    if not profile.cache_dir:
+        return []
+    root = "${RLFLEET_CACHE_DIR:-" + profile.cache_dir + "}"
+    lines = ["", "# one cache folder for every task (rlfleet_pipeline.caches)"]
+    lines.append(f'export {CACHE_DIR_ENV}="{root}"')
+    for var, sub in CACHE_SUBDIRS.items():
+        lines.append(f'export {var}="${{{var}:-${CACHE_DIR_ENV}/{sub}}}"')
+    return lines
+
+
 def _wait_for(variables: list[str]) -> str:
     return f"wait_for {' '.join(variables)}"
 
@@ -286,6 +300,7 @@ def render_sbatch(
         "  (umask 077 && head -c 32 /dev/urandom | base64 -w0 | tr '+/' '-_' | tr -d '=' "
         '> "$RLFLEET_AUTH_TOKEN_FILE")',
         "fi",
+        *_cache_lines(profile),
         "",
         WAIT_FOR,
         "",
