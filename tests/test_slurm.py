@@ -11,7 +11,10 @@ the container (a login node), so `rlfleet rl` itself runs here and gets Ctrl-C h
 
 1. A tiny RLVR stage (2 steps, hf engine, the bundled `tiny` model) submitted by `rlfleet
    rl rlvr -c test --run slurm`: exit 0, the stage folder's summary and metrics, and
-   `sacct` shows every component COMPLETED.
+   `sacct` shows every component COMPLETED. Once with `services.weight_transport=
+   grpc_stream`, once with `gloo`: the trainer (node1) hosts the weight group at the
+   address the job exports (RLFLEET_WEIGHT_SYNC_HOST=node1) and the rollout (node2) joins
+   it there; the held-out samples after training come from the version published last.
 2. SIGINT to `rlfleet rl` once a service of the job serves: it runs `scancel`, exits 130,
    `sacct` shows CANCELLED and no rlfleet process is left on the nodes.
 
@@ -144,7 +147,9 @@ def _rows(path: Path, count: int, seed: int) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def _stage(tmp_path: Path, cluster: Cluster, steps: int) -> tuple[list[str], dict[str, str]]:
+def _stage(
+    tmp_path: Path, cluster: Cluster, steps: int, extra: tuple[str, ...] = ()
+) -> tuple[list[str], dict[str, str]]:
     """The `rlfleet rl` command line and environment for a tiny RLVR stage on the cluster."""
     (tmp_path / "env.toml").write_text(
         '[slurm]\nlauncher = "slurm"\ncontainer_runtime = "none"\nexclusive = false\n'
@@ -166,6 +171,7 @@ def _stage(tmp_path: Path, cluster: Cluster, steps: int) -> tuple[list[str], dic
         "checkpoint.export_hf=false",
         f"data.train_path={tmp_path / 'train.jsonl'}",
         f"data.val_path={tmp_path / 'val.jsonl'}",
+        *extra,
     ]
     command = [RLFLEET, "rl", "rlvr", "-c", "test", "--run", "slurm", "--engine", "hf"]
     command += ["--out", str(tmp_path / "run"), *overrides]
@@ -182,13 +188,15 @@ def _job_id(stderr: str) -> str:
     raise AssertionError(f"no job id in:\n{stderr[-3000:]}")
 
 
-def test_tiny_stage_runs_on_slurm(tmp_path: Path, cluster: Cluster) -> None:
-    command, env = _stage(tmp_path, cluster, steps=2)
+@pytest.mark.parametrize("transport", ["grpc_stream", "gloo"])
+def test_tiny_stage_runs_on_slurm(tmp_path: Path, cluster: Cluster, transport: str) -> None:
+    extra = (f"services.weight_transport={transport}", "grpo.val_at_end=true")
+    command, env = _stage(tmp_path, cluster, steps=2, extra=extra)
     started = time.monotonic()
     done = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
-    print(f"stage on SLURM (2 steps): {time.monotonic() - started:.0f} s")
+    print(f"stage on SLURM (2 steps, {transport}): {time.monotonic() - started:.0f} s")
     print(done.stdout[-3000:], done.stderr[-3000:])
     job_id = _job_id(done.stderr)
     logs = tmp_path / "jobs" / job_id
@@ -198,6 +206,19 @@ def test_tiny_stage_runs_on_slurm(tmp_path: Path, cluster: Cluster) -> None:
     run_dir = tmp_path / "run"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == 2
+    # the trainer ran on the recipe's transport (a collective was once swapped out)
+    recipe = json.loads((run_dir / "recipe.json").read_text())
+    assert recipe["services"]["weight_transport"] == transport
+    # the rollout served what the trainer published last (version 2, after step 2)
+    after = [json.loads(x) for x in (run_dir / "heldout_after.jsonl").read_text().splitlines()]
+    assert after and {s["weight_version"] for s in after} == {2}, after
+    if transport == "gloo":
+        # The trainer (node1) advertised the address the job exported for it
+        # (RLFLEET_WEIGHT_SYNC_HOST=node1) and the rollout (node2) joined there; loopback
+        # would work here only because the "nodes" share one host.
+        log = (logs / "trainer.log").read_text().splitlines()
+        formed = [ln for ln in log if "weight group (gloo) formed" in ln]
+        assert len(formed) == 1 and " at node1:" in formed[0], formed
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:

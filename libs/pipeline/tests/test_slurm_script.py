@@ -224,16 +224,23 @@ def test_each_service_accepts_its_command_line(runtime: str, tmp_path: Path) -> 
     ]
     checked = load_config(RecipeConfig, overrides=keys, base=recipe.model_dump())
     assert (checked.services.rollout, checked.services.reward) == ("n:1", "n:2")
-    # the collective's rendezvous is loopback today: across nodes the weights stream
-    assert checked.services.weight_transport == "grpc_stream"
+    # the recipe's collective transport is kept (the tasks get its rendezvous address)
+    assert checked.services.weight_transport == "nccl"
+
+
+def _trainer_probe(task: str) -> str:
+    """The trainer task's script, printing the trainer's command and environment."""
+    probe = task.replace("exec rlfleet-trainer", "echo rlfleet-trainer")
+    probe += "\nenv | grep ^RLFLEET_WEIGHT_SYNC_ || true"
+    return probe + '\necho "$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT"'
 
 
 def test_trainer_tasks_get_torchrun_environment(tmp_path: Path) -> None:
     """Run the trainer task's script with SLURM's variables: each rank sees its own RANK,
-    WORLD_SIZE, LOCAL_RANK and the first trainer node as MASTER_ADDR."""
+    WORLD_SIZE, LOCAL_RANK and the first trainer node as MASTER_ADDR, and that node as
+    the weight group's advertised address (global rank 0 runs there and hosts it)."""
     task = sruns(plan("none", tmp_path))["trainer"][-1]
-    probe = task.replace("exec rlfleet-trainer", "echo rlfleet-trainer")
-    probe += '\necho "$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT"'
+    probe = _trainer_probe(task)
     env = {
         "PATH": os.environ["PATH"],
         "SLURM_PROCID": "13",
@@ -247,6 +254,27 @@ def test_trainer_tasks_get_torchrun_environment(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "13 32 5 gpu-017 29400"
     assert "services.rollout=gpu-100:50052 services.reward=cpu-1:50053" in done.stdout
+    # exported (the trainer process sees it), the trainer's first node; port left free
+    assert [ln for ln in done.stdout.splitlines() if ln.startswith("RLFLEET_WEIGHT_SYNC_")] == [
+        "RLFLEET_WEIGHT_SYNC_HOST=gpu-017"
+    ]
+
+
+def test_a_setup_export_of_the_weight_sync_address_wins(tmp_path: Path) -> None:
+    """A profile whose `setup` names the rendezvous (an IB hostname, a fixed port for a
+    firewall) keeps it: the job's default is only the trainer's first node."""
+    setup = ["export RLFLEET_WEIGHT_SYNC_HOST=gpu-017-ib RLFLEET_WEIGHT_SYNC_PORT=29600"]
+    task = sruns(plan("none", tmp_path, setup=setup))["trainer"][-1]
+    env = {"PATH": os.environ["PATH"], "SLURM_PROCID": "0", "SLURM_NTASKS": "8"}
+    env |= {"SLURM_LOCALID": "0", "TRAINER_HEAD": "gpu-017"}
+    done = subprocess.run(
+        ["bash", "-c", _trainer_probe(task)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(ln for ln in done.stdout.splitlines() if ln.startswith("RLFLEET_")) == [
+        "RLFLEET_WEIGHT_SYNC_HOST=gpu-017-ib",
+        "RLFLEET_WEIGHT_SYNC_PORT=29600",
+    ]
 
 
 def test_exclusive_is_a_profile_option(tmp_path: Path) -> None:

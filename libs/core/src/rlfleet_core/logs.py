@@ -69,6 +69,7 @@ OUR_PACKAGES = (
     "rlfleet_reward",
     "rlfleet_sandbox",
     "rlfleet_swe",
+    "rlfleet_weights",  # the weight transports (where a weight group formed, retries)
 )
 
 

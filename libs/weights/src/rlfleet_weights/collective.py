@@ -4,12 +4,13 @@ it never touches either side's default group (the trainer's DP/TP groups, vLLM's
 same code runs gloo in CI and NCCL on GPUs; only the backend name differs. Rank 0 (the
 trainer) broadcasts the buckets of the plan (see plan.py); the engines receive them.
 
-Rendezvous: the trainer hosts the group's TCPStore on `RLFLEET_WEIGHT_SYNC_HOST` (the
-address it advertises to the engines in InitWeightTransfer; it must be routable from the
-rollout nodes, e.g. the trainer node's hostname that a SLURM script exports; default
-127.0.0.1 for local runs) and `RLFLEET_WEIGHT_SYNC_PORT` (default 0: the store binds a free
-port itself and advertises the one it got, so no port is picked and then re-bound). Forming
-the group is tried `attempts` times with doubling backoff.
+Rendezvous: the trainer hosts the group's TCPStore, which listens on all interfaces
+(torch's store server binds the wildcard address whatever host it is given), and
+advertises `RLFLEET_WEIGHT_SYNC_HOST` to the engines in InitWeightTransfer (it must be
+routable from the rollout nodes, e.g. the trainer node's hostname that the SLURM job
+exports; default 127.0.0.1 for local runs) with `RLFLEET_WEIGHT_SYNC_PORT` (default 0: the
+store binds a free port itself and advertises the one it got, so no port is picked and then
+re-bound). Forming the group is tried `attempts` times with doubling backoff.
 """
 
 from __future__ import annotations
@@ -286,6 +287,13 @@ class CollectiveSender(WeightSender):
         for attempt in range(1, self.attempts + 1):
             try:
                 self.group = await self._form_group(host, port)
+                # Which address the engines were told (and joined): what an operator
+                # checks first when a cross-node group does not form.
+                logger.info(
+                    "weight group (%s) formed at %s:%d with %d engine workers",
+                    self.backend, host, self.group.spec.master_port,
+                    self.group.spec.world_size - 1,
+                )  # fmt: skip
                 return
             except (grpc.RpcError, RuntimeError, OSError) as exc:  # RPC, store, group timeout
                 if attempt == self.attempts:

@@ -14,7 +14,9 @@ the service and its log; no port is guessed across nodes.
 
 The trainer component runs `trainer_tasks_per_node` tasks on each of its nodes, each with
 torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK from SLURM; MASTER_ADDR = the
-component's first node, MASTER_PORT from the profile).
+component's first node, MASTER_PORT from the profile) and RLFLEET_WEIGHT_SYNC_HOST = that
+same node: global rank 0 runs there and hosts the collective weight group's store
+(rlfleet_weights.collective), which the rollout node joins at that address.
 
 Every service binds 0.0.0.0, so the job makes the fleet's shared auth token first
 (`<job_dir>/<jobid>/auth_token`, mode 0600, 32 random bytes URL-safe like
@@ -144,6 +146,9 @@ def task_script(profile: SlurmProfile, comp: Component, command: list[str]) -> s
             'export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID" '
             f'MASTER_ADDR="$TRAINER_HEAD" MASTER_PORT={profile.master_port}'
         )
+        # Global rank 0 (the task on $TRAINER_HEAD) hosts the weight group's store and
+        # advertises this address to the rollout; a `setup` export (e.g. an IB name) wins.
+        lines.append('export RLFLEET_WEIGHT_SYNC_HOST="${RLFLEET_WEIGHT_SYNC_HOST:-$TRAINER_HEAD}"')
     else:
         if comp.nodes > 1:
             # One task per node: task 0 is the Ray head and runs the service, the others

@@ -34,7 +34,6 @@ FINAL_STATES = {
     "PREEMPTED",
     "TIMEOUT",
 }
-COLLECTIVE_TRANSPORTS = ("gloo", "nccl")
 UNKNOWN_LIMIT_S = 300.0
 """How long a job may be unknown to squeue, sacct and scontrol before following stops."""
 
@@ -57,9 +56,8 @@ def slurm_script(
     if resume:
         trainer_args.insert(0, "--resume")
     overrides = {k: list(v) for k, v in service_overrides.items()}
-    if recipe.services.weight_transport in COLLECTIVE_TRANSPORTS:
-        # The collective's rendezvous is loopback until the launcher hands it the address.
-        overrides.setdefault("trainer", []).append("services.weight_transport=grpc_stream")
+    # A collective weight_transport (gloo, nccl) is kept: the trainer tasks get the
+    # rendezvous address (RLFLEET_WEIGHT_SYNC_HOST = the trainer's first node).
     return render_sbatch(profile, recipe.stage, trainer_args, overrides, services)
 
 
