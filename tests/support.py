@@ -36,24 +36,39 @@ def spawn_bound(
 
 
 def start_service(
-    module: str, args: list[str], log: Path, env: dict[str, str] | None = None
+    module: str,
+    args: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    *,
+    port_file: bool = True,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`python -m module --port 0 args…` on loopback (`env` added to the environment), its
     output in `log`; returns once its gRPC health check says SERVING (fails the test with
     the log's tail otherwise). `ports_of(process)` gives its ports (HTTP with
-    `--http-port 0` in `args`)."""
+    `--http-port 0` in `args`). `port_file=False`: a release from before `--port-file`
+    (0.1.0) gets a port picked here (racy, `pick_free_port`) with `--port N`."""
     import grpc
     from rlfleet_core.client import check_health
+    from rlfleet_core.ports import pick_free_port
 
-    process, ports = spawn_bound(
-        [sys.executable, "-m", module, *args],
-        log.with_suffix(".ports.json"),
+    popen: dict[str, Any] = dict(
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONWARNINGS": "ignore::SyntaxWarning", **(env or {})},
     )
-    _ports[process.pid] = ports
-    target = f"127.0.0.1:{ports.grpc}"
+    if port_file:
+        process, ports = spawn_bound(
+            [sys.executable, "-m", module, *args], log.with_suffix(".ports.json"), **popen
+        )
+        _ports[process.pid] = ports
+        port = ports.grpc
+    else:
+        port = pick_free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, "--port", str(port), *args], **popen
+        )
+    target = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:

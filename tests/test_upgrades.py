@@ -155,8 +155,14 @@ def services_of(model: Path, tmp_path: Path) -> Iterator[object]:
         env = {"OMP_NUM_THREADS": "1", **(release.env if release else {})}
         if release is None:
             env["PYTHONPATH"] = ""
+        # 0.1.0's services take `--port N` only (no `--port-file`)
+        new = release is None
         rollout, rollout_target = start_service(
-            "rlfleet_rollout", ["engine=hf", f"model={model}"], tmp_path / "rollout.log", env
+            "rlfleet_rollout",
+            ["engine=hf", f"model={model}"],
+            tmp_path / "rollout.log",
+            env,
+            port_file=new,
         )
         started.append(rollout)
         reward, reward_target = start_service(
@@ -164,6 +170,7 @@ def services_of(model: Path, tmp_path: Path) -> Iterator[object]:
             ["environments=[reasoning_gym]", "pool.workers=1"],
             tmp_path / "reward.log",
             env,
+            port_file=new,
         )
         started.append(reward)
         return Services(rollout_target, reward_target)

@@ -123,12 +123,13 @@ def test_the_trainer_refuses_with_the_dry_runs_message(
 
 
 @pytest.mark.slow
-def test_megatron_world_size_refusal_is_the_same_in_the_dry_run_and_the_trainer(
+def test_megatron_model_split_refusal_is_the_same_in_the_dry_run_and_the_trainer(
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """super3/rlvr1 on a model and rows that exist: TP 4 needs 4 trainer ranks and `rlfleet
-    rl` starts one. The dry-run says so; the trainer gets as far as its process group and
-    says the same (check_world_size, called by the megatron backend)."""
+    """super3/rlvr1 on a model and rows that exist: TP 4 cannot split the tiny model's 2
+    key/value heads (and `rlfleet rl` would start its 4 ranks under torchrun). The dry-run
+    says so from the model's config.json; the trainer, started as one process, says the
+    same before it loads the model (check_start)."""
     monkeypatch.chdir(workdir)
     data = workdir / "data" / "tiny-rlvr1"
     overrides = [
@@ -138,7 +139,7 @@ def test_megatron_world_size_refusal_is_the_same_in_the_dry_run_and_the_trainer(
     ]
     code, _, stderr = rl("rlvr", "-c", "super3/rlvr1", "--dry-run", *overrides)
     line = error_line(stderr)
-    assert code == 1 and "world size 1 is not a multiple" in line and "(4)" in line
+    assert code == 1 and "policy.tensor_parallel_size=4 must divide the model's" in line, line
     recipe_yaml = tmp_path / "recipe.yaml"
     recipe_yaml.write_text(dump_yaml(load_recipe("super3/rlvr1", overrides)))
     result = trainer_run(recipe_yaml, tmp_path / "run")
