@@ -151,6 +151,73 @@ def actor_options(config: RayConfig, group: Any, index: int) -> dict[str, Any]:
     }
 
 
+class SpreadActors:
+    """Actors of one class spread over a Ray cluster by one placement group (the reward's
+    verifier nodes, the sandbox's nodes): joined, placed and started together within
+    `ray.start_timeout_s`, stopped together. Each actor class has async `start()`, which
+    returns its node id, and `stop()`."""
+
+    def __init__(self, config: RayConfig) -> None:
+        self.config = config
+        self.actors: list[Any] = []
+        self.node_ids: list[str] = []
+        """The node of each actor, as its `start()` returned it."""
+        self._group: Any = None
+        self._owns_ray = False
+
+    async def start(self, actor_class: type, *args: Any, what: str) -> None:
+        """`config.workers` actors of `actor_class(*args)`; on any failure everything
+        started so far is stopped and the error raised (`what` names them in it)."""
+        limit = self.config.start_timeout_s
+        deadline = time.monotonic() + limit
+        try:
+            self._owns_ray = await connect(self.config)
+            self._group = await place(self.config, deadline - time.monotonic())
+            import ray
+
+            remote: Any = ray.remote(actor_class)
+            self.actors = [
+                remote.options(**actor_options(self.config, self._group, i)).remote(*args)
+                for i in range(self.config.workers)
+            ]
+            starts = [as_future(a.start.remote()) for a in self.actors]
+            left = max(1.0, deadline - time.monotonic())
+            try:
+                self.node_ids = list(await asyncio.wait_for(asyncio.gather(*starts), left))
+            except TimeoutError:
+                raise RuntimeError(
+                    f"{what} did not start within ray.start_timeout_s={limit:g}s"
+                ) from None
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self, lost: set[int] | frozenset[int] = frozenset()) -> None:
+        """Ask every actor not `lost` to stop (each within `ray.call_timeout_s`), kill
+        them all, remove the placement group and shut down the Ray this set started."""
+        import ray
+
+        if self.actors:
+            await asyncio.gather(
+                *(
+                    asyncio.wait_for(as_future(a.stop.remote()), self.config.call_timeout_s)
+                    for i, a in enumerate(self.actors)
+                    if i not in lost
+                ),
+                return_exceptions=True,
+            )
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._group)
+            self._group = None
+        await shutdown(self._owns_ray)
+        self._owns_ray = False
+
+
 def node_id() -> str:
     """This process's Ray node id (inside an actor)."""
     import ray

@@ -63,17 +63,22 @@ class RayVerifierPool:
         self.max_queue = max_queue
         self.pool_args = pool_args
         self.size = int(pool_args["size"])
-        self._actors: list[Any] = []
-        self._nodes: list[str] = []
+        self._spread = raycluster.SpreadActors(ray_config)
         self._inflight: list[int] = []
         self._lost: set[int] = set()
-        self._group: Any = None
-        self._owns_ray = False
         self._pending = 0
         self._closed = False
         self.restarts = 0
         self.served: Counter[str] = Counter()
         """Jobs answered per Ray node id (what the tests and operators look at)."""
+
+    @property
+    def _actors(self) -> list[Any]:
+        return self._spread.actors
+
+    @property
+    def _nodes(self) -> list[str]:
+        return self._spread.node_ids
 
     @property
     def alive(self) -> int:
@@ -86,32 +91,8 @@ class RayVerifierPool:
     async def start(self) -> None:
         """Join Ray, place the actors and start their pools, all within
         `ray.start_timeout_s`; on failure everything started so far is torn down."""
-        limit = self.ray.start_timeout_s
-        deadline = time.monotonic() + limit
-        try:
-            self._owns_ray = await raycluster.connect(self.ray)
-            self._group = await raycluster.place(self.ray, deadline - time.monotonic())
-            import ray
-
-            actor_cls = ray.remote(VerifierNode)
-            self._actors = [
-                actor_cls.options(**raycluster.actor_options(self.ray, self._group, i)).remote(
-                    self.pool_args
-                )
-                for i in range(self.ray.workers)
-            ]
-            self._inflight = [0] * len(self._actors)
-            starts = [raycluster.as_future(a.start.remote()) for a in self._actors]
-            left = max(1.0, deadline - time.monotonic())
-            try:
-                self._nodes = list(await asyncio.wait_for(asyncio.gather(*starts), left))
-            except TimeoutError:
-                raise RuntimeError(
-                    f"Ray verifier workers did not start within ray.start_timeout_s={limit:g}s"
-                ) from None
-        except BaseException:
-            await self._teardown()
-            raise
+        await self._spread.start(VerifierNode, self.pool_args, what="Ray verifier workers")
+        self._inflight = [0] * len(self._actors)
         metrics.POOL_WORKERS.set(self.size * len(self._actors))
         logger.info(
             "Ray verifier pool ready: %d workers x %d processes on %d nodes",
@@ -126,27 +107,7 @@ class RayVerifierPool:
         metrics.POOL_WORKERS.set(0)
 
     async def _teardown(self) -> None:
-        import ray
-
-        if self._actors:
-            await asyncio.gather(
-                *(
-                    asyncio.wait_for(raycluster.as_future(a.stop.remote()), self.ray.call_timeout_s)
-                    for i, a in enumerate(self._actors)
-                    if i not in self._lost
-                ),
-                return_exceptions=True,
-            )
-            for actor in self._actors:
-                ray.kill(actor)
-            self._actors = []
-        if self._group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self._group)
-            self._group = None
-        await raycluster.shutdown(self._owns_ray)
-        self._owns_ray = False
+        await self._spread.stop(self._lost)
 
     def reserve(self, n: int) -> None:
         """Raise Overloaded unless `n` more jobs fit (a group is all or nothing)."""

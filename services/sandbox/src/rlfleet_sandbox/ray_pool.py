@@ -150,43 +150,24 @@ class RaySandboxes:
     def __init__(self, config: RayConfig, isolation: IsolationConfig) -> None:
         self.config = config
         self.isolation = isolation
-        self.actors: list[Any] = []
-        self.node_ids: list[str] = []
+        self._spread = raycluster.SpreadActors(config)
         self.held: list[int] = []
         """Sandboxes started and not killed, per actor."""
         self.lost: set[int] = set()
-        self._group: Any = None
-        self._owns_ray = False
+
+    @property
+    def actors(self) -> list[Any]:
+        return self._spread.actors
+
+    @property
+    def node_ids(self) -> list[str]:
+        return self._spread.node_ids
 
     async def start(self) -> None:
         """Join Ray, place the actors and start them, all within `ray.start_timeout_s`;
         on failure everything started so far is torn down."""
-        limit = self.config.start_timeout_s
-        deadline = time.monotonic() + limit
-        try:
-            self._owns_ray = await raycluster.connect(self.config)
-            self._group = await raycluster.place(self.config, deadline - time.monotonic())
-            import ray
-
-            actor_cls = ray.remote(SandboxNode)
-            self.actors = [
-                actor_cls.options(**raycluster.actor_options(self.config, self._group, i)).remote(
-                    self.isolation
-                )
-                for i in range(self.config.workers)
-            ]
-            self.held = [0] * len(self.actors)
-            starts = [raycluster.as_future(a.start.remote()) for a in self.actors]
-            left = max(1.0, deadline - time.monotonic())
-            try:
-                self.node_ids = list(await asyncio.wait_for(asyncio.gather(*starts), left))
-            except TimeoutError:
-                raise RuntimeError(
-                    f"Ray sandbox nodes did not start within ray.start_timeout_s={limit:g}s"
-                ) from None
-        except BaseException:
-            await self.stop()
-            raise
+        await self._spread.start(SandboxNode, self.isolation, what="Ray sandbox nodes")
+        self.held = [0] * len(self.actors)
         logger.info(
             "Ray sandbox actors ready: %d on %d nodes", len(self.actors), len(set(self.node_ids))
         )
@@ -237,26 +218,4 @@ class RaySandboxes:
 
     async def stop(self) -> None:
         """Stop every actor (killing its sandboxes) and the Ray this service started."""
-        import ray
-
-        if self.actors:
-            await asyncio.gather(
-                *(
-                    asyncio.wait_for(
-                        raycluster.as_future(a.stop.remote()), self.config.call_timeout_s
-                    )
-                    for i, a in enumerate(self.actors)
-                    if i not in self.lost
-                ),
-                return_exceptions=True,
-            )
-            for actor in self.actors:
-                ray.kill(actor)
-            self.actors = []
-        if self._group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self._group)
-            self._group = None
-        await raycluster.shutdown(self._owns_ray)
-        self._owns_ray = False
+        await self._spread.stop(self.lost)
