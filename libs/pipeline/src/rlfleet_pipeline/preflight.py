@@ -28,20 +28,15 @@ from rlfleet_pipeline.launch.profiles import ComposeProfile, Profile, SlurmProfi
 from rlfleet_pipeline.launch.slurm import components, service_commands
 from rlfleet_pipeline.services import ServiceNotFound, get_service
 from rlfleet_pipeline.stage import (
-    SERVICES_FOR_STAGE,
     StageError,
     compose_model_problem,
     compose_stack,
     rollout_overrides,
+    stage_services,
 )
 
 # ${VAR:-default} in a compose command: the value the launcher sets, else the default.
 _COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
-
-
-def stage_services(recipe: RecipeConfig) -> list[str]:
-    kind = next(k for k in SERVICES_FOR_STAGE if recipe.stage.startswith(k))
-    return SERVICES_FOR_STAGE[kind]
 
 
 def _key_values(args: list[str]) -> list[str]:

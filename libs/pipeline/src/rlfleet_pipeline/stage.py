@@ -39,6 +39,12 @@ SERVICES_FOR_STAGE = {
 }
 
 
+def stage_services(recipe: RecipeConfig) -> list[str]:
+    """The services the recipe's stage needs (by its kind: the stage name's prefix)."""
+    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
+    return SERVICES_FOR_STAGE[kind]
+
+
 ROLLOUT_ENGINES = ("vllm", "hf")
 
 
@@ -133,8 +139,7 @@ def _ranks_of(recipe_file: Path) -> tuple[int, int]:
 
 def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str = "vllm") -> str:
     """What would run, as shell text."""
-    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
-    services = SERVICES_FOR_STAGE[kind]
+    services = stage_services(recipe)
     recipe_file = StageFolder(run_dir).recipe_yaml
     if isinstance(profile, SlurmProfile):
         return slurm_script(recipe, profile, run_dir, services, rollout_overrides(recipe, engine))
@@ -196,11 +201,10 @@ def run_local(
     service_overrides: dict[str, list[str]] | None = None,
 ) -> int:
     """Start the stage's services locally, train, stop them; returns the trainer's exit code."""
-    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_file = StageFolder(run_dir).recipe_yaml
     recipe_file.write_text(dump_yaml(recipe))
-    with LocalFleet(SERVICES_FOR_STAGE[kind], run_dir, overrides=service_overrides) as fleet:
+    with LocalFleet(stage_services(recipe), run_dir, overrides=service_overrides) as fleet:
         extra = [
             f"services.rollout={fleet.target('rollout')}",
             f"services.reward={fleet.target('reward')}",
@@ -245,8 +249,7 @@ def run_compose(
     loopback ports, save the containers' logs to <run_dir>/logs/compose.log and bring the
     project down (unless keep_up). Returns the trainer's exit code; raises ComposeError
     (one line saying how to fix) when Docker, compose or an image is missing."""
-    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
-    services = SERVICES_FOR_STAGE[kind]
+    services = stage_services(recipe)
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
     problem = compose_model_problem(recipe)

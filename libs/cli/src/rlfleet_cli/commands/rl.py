@@ -155,12 +155,11 @@ def _run_slurm(
     cancelled here)."""
     from rich.markup import escape
     from rlfleet_pipeline.launch.slurm_job import JobState, SlurmError, cancel, follow, submit_stage
-    from rlfleet_pipeline.stage import SERVICES_FOR_STAGE, STAGE_KINDS
+    from rlfleet_pipeline.stage import stage_services
 
-    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
     try:
         job = submit_stage(
-            recipe, profile, run_dir, SERVICES_FOR_STAGE[kind], service_overrides, resume
+            recipe, profile, run_dir, stage_services(recipe), service_overrides, resume
         )
     except (SlurmError, ValueError) as exc:
         raise fail(escape(str(exc)), code=1) from None
