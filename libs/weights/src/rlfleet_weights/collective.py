@@ -16,9 +16,11 @@ re-bound). Forming the group is tried `attempts` times with doubling backoff.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -110,12 +112,31 @@ class WeightGroup:
         # One tiny collective proves every member is connected before weights move.
         probe = torch.zeros(1, device=self.device)
         self.pg.broadcast(probe, 0).wait()
+        _OPEN_GROUPS.add(self)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.pg.broadcast(tensor, 0).wait()
 
     def close(self) -> None:
-        del self.pg
+        """Shut the group down explicitly. A gloo group left to the interpreter's exit
+        can abort the process ("terminate called without an active exception": its
+        threads are torn down in no set order), so open groups are also closed at exit."""
+        pg, self.pg = self.pg, None
+        _OPEN_GROUPS.discard(self)
+        if pg is not None:
+            try:
+                pg.shutdown()
+            except RuntimeError as exc:  # already aborted by a failed peer
+                logger.debug("weight group shutdown: %s", exc)
+
+
+_OPEN_GROUPS: weakref.WeakSet[WeightGroup] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_groups() -> None:
+    for group in list(_OPEN_GROUPS):
+        group.close()
 
 
 def host_store(spec: GroupSpec) -> Any:
