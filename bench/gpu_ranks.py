@@ -23,7 +23,9 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -114,11 +116,18 @@ async def run_layout(
     cmd += ["--rows", str(rows_file)]
     started = time.monotonic()
     with open(run_dir / "trainer.log", "w") as log:
-        proc = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=log)
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=log, stderr=log, start_new_session=True
+        )
         try:
             code = await asyncio.wait_for(proc.wait(), args.layout_timeout_s)
         except TimeoutError:
-            proc.kill()
+            # Every rank prints its threads' stacks (SIGUSR1, see rlfleet_trainer.__main__),
+            # then the whole process group goes: a rank left behind would hold its GPU.
+            subprocess.run(["pkill", "-USR1", "-f", "rlfleet_trainer run"], check=False)
+            await asyncio.sleep(3)
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
             code = -9
     wall = time.monotonic() - started
     folder = StageFolder(run_dir)
@@ -185,8 +194,15 @@ async def main_async(args: Any) -> list[dict[str, Any]]:
             for name in args.layouts:
                 print(f"== {name}", flush=True)
                 result = await run_layout(name, args, model, rollout, reward, gpu, work)
-                print(json.dumps(result), flush=True)
+                print(json.dumps({k: v for k, v in result.items() if k != "log_tail"}), flush=True)
                 results.append(result)
+                # Each layout is kept as it finishes: a later one may outlast the call.
+                args.out.mkdir(parents=True, exist_ok=True)
+                with open(args.out / "gpu-ranks.partial.jsonl", "a") as f:
+                    f.write(json.dumps(result) + "\n")
+                log = work / name / "trainer.log"
+                if log.exists():
+                    (args.out / f"trainer-{name}.log").write_text(log.read_text()[-200_000:])
     finally:
         service.stop()
     return results

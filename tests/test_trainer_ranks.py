@@ -209,17 +209,26 @@ def test_two_gloo_ranks_equal_one_process(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["after_train:2:1", "checkpoint_saved:2:1", "after_ledger:2:0"])
+@pytest.mark.parametrize(
+    "point",
+    ["after_train:2:1", "checkpoint_saved:2:1", "after_ledger:2:0", "raise:after_train:2:0"],
+)
 def test_kill_9_of_a_rank_torchrun_restarts_and_resumes_exactly(
     services: tuple[str, str, Path], two_ranks: Path, tmp_path: Path, point: str
 ) -> None:
     """Rank 1 SIGKILLed after step 2's optimizer step, or after writing its shard of step
     2's checkpoint but before the commit; or rank 0 (the driver) right after appending step
-    2 to the ledger: torchrun restarts both ranks, they resume from step 1's checkpoint,
-    and the stage ends with the uninterrupted run's ledger."""
+    2 to the ledger; or the driver failing with an error after step 2's optimizer step
+    (it leaves the group at once rather than wait in destroy_process_group): torchrun
+    restarts both ranks, they resume from step 1's checkpoint, and the stage ends with the
+    uninterrupted run's ledger."""
     run_dir = tmp_path / "killed"
     out = _stage(services, run_dir, 2, crash_at=point)
-    assert "exitcode: -9" in out  # the rank really died
+    if point.startswith("raise:"):
+        assert "test crash at after_train of step 2 on rank 0" in out
+        assert "rank 0 failed; leaving the group" in out
+    else:
+        assert "exitcode: -9" in out  # the rank really died
     assert "resumed from" in out and "step_1 at step 1" in out
     assert sorted(_steps(run_dir)) == list(range(1, STEPS + 1))
     assert (run_dir / "ledger.jsonl").read_bytes() == (two_ranks / "ledger.jsonl").read_bytes()

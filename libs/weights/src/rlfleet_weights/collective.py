@@ -112,18 +112,21 @@ class WeightGroup:
         # One tiny collective proves every member is connected before weights move.
         probe = torch.zeros(1, device=self.device)
         self.pg.broadcast(probe, 0).wait()
-        _OPEN_GROUPS.add(self)
+        if spec.backend == "gloo":
+            _OPEN_GROUPS.add(self)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.pg.broadcast(tensor, 0).wait()
 
     def close(self) -> None:
-        """Shut the group down explicitly. A gloo group left to the interpreter's exit
-        can abort the process ("terminate called without an active exception": its
-        threads are torn down in no set order), so open groups are also closed at exit."""
+        """Release the group. A gloo group left to the interpreter's exit can abort the
+        process ("terminate called without an active exception": its threads are torn
+        down in no set order), so gloo groups are shut down here and, if still open, at
+        exit. NCCL groups are only dropped: their shutdown waits for the peers and held a
+        trainer's exit for minutes on GPUs while the engines kept theirs."""
         pg, self.pg = self.pg, None
         _OPEN_GROUPS.discard(self)
-        if pg is not None:
+        if pg is not None and self.spec.backend == "gloo":
             try:
                 pg.shutdown()
             except RuntimeError as exc:  # already aborted by a failed peer

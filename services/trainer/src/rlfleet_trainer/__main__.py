@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import os
+import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,21 +65,41 @@ def run_main(argv: Sequence[str]) -> int:
         print(f"rlfleet-trainer run: error: {exc}", file=sys.stderr)
         return 1
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    code = 1
     try:
         # the checks `rlfleet rl --dry-run` runs, before any model load
         check_start(recipe, info.world_size)
         state = asyncio.run(run_stage(recipe, args.run_dir, resume=args.resume or restarted))
+        code = 0
     except (ValueError, FileNotFoundError, ModelNotFound) as exc:
         # Bad settings or inputs found while building the stage: one line, not a traceback.
         print(f"rlfleet-trainer run: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("rlfleet-trainer run: interrupted; continue with --resume", file=sys.stderr)
+        code = 130
         return 130
+    except Exception:
+        if info.world_size == 1:
+            raise
+        traceback.print_exc()
+        return 1
     finally:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            if code != 0 and info.world_size > 1:
+                # A failed rank leaves at once: another rank (or this one's own worker
+                # thread) may be inside a collective that would hold
+                # destroy_process_group forever (seen on GPUs). torchrun sees the exit
+                # and restarts the group, which resumes from the last checkpoint.
+                print(
+                    f"rlfleet-trainer run: rank {info.rank} failed; leaving the group",
+                    file=sys.stderr,
+                )
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
             dist.destroy_process_group()
     if info.rank != 0:
         return 0
@@ -87,6 +110,9 @@ def run_main(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
+        # `kill -USR1 <pid>` prints every thread's stack: how a rank stuck in a collective
+        # is diagnosed without a debugger on the node.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         sys.exit(run_main(argv[1:]))
     service_main(SERVICE, argv)
 

@@ -71,7 +71,11 @@ def crash_hook(point: str, step: int, rank: int | None = None) -> None:
     if not wanted or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
         return
     rank = int(os.environ.get("RANK", "0") or 0) if rank is None else rank
+    raise_instead = wanted.startswith("raise:")
+    wanted = wanted.removeprefix("raise:")
     if wanted in (f"{point}:{step}:{rank}", *((f"{point}:{step}",) if rank == 0 else ())):
+        if raise_instead:  # a rank that fails with an error rather than dying
+            raise RuntimeError(f"test crash at {point} of step {step} on rank {rank}")
         os.kill(os.getpid(), signal.SIGKILL)
 
 
