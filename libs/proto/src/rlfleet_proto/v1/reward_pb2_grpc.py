@@ -54,6 +54,21 @@ class RewardServiceStub:
                 request_serializer=rlfleet_dot_v1_dot_reward__pb2.ListEnvironmentsRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_reward__pb2.ListEnvironmentsResponse.FromString,
                 _registered_method=True)
+        self.OpenEpisode = channel.unary_unary(
+                '/rlfleet.v1.RewardService/OpenEpisode',
+                request_serializer=rlfleet_dot_v1_dot_reward__pb2.OpenEpisodeRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_reward__pb2.Episode.FromString,
+                _registered_method=True)
+        self.Step = channel.unary_unary(
+                '/rlfleet.v1.RewardService/Step',
+                request_serializer=rlfleet_dot_v1_dot_reward__pb2.StepRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_reward__pb2.StepResult.FromString,
+                _registered_method=True)
+        self.CloseEpisode = channel.unary_unary(
+                '/rlfleet.v1.RewardService/CloseEpisode',
+                request_serializer=rlfleet_dot_v1_dot_reward__pb2.CloseEpisodeRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_reward__pb2.ScoreResult.FromString,
+                _registered_method=True)
 
 
 class RewardServiceServicer:
@@ -87,6 +102,30 @@ class RewardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenEpisode(self, request, context):
+        """Multi-turn environments (tool use, terminal, math with a Python tool, SWE agents): an
+        episode holds the environment's state between the policy's turns. The trainer drives
+        it: OpenEpisode, then per turn it generates (token ids, through the rollout service),
+        parses the tool calls and sends them to Step, appends the results it gets back, and
+        ends with CloseEpisode, which verifies the end state. An episode belongs to the caller
+        that opened it (other callers get NOT_FOUND) and is closed after its idle timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Step(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseEpisode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RewardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +148,21 @@ def add_RewardServiceServicer_to_server(servicer, server):
                     servicer.ListEnvironments,
                     request_deserializer=rlfleet_dot_v1_dot_reward__pb2.ListEnvironmentsRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_reward__pb2.ListEnvironmentsResponse.SerializeToString,
+            ),
+            'OpenEpisode': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenEpisode,
+                    request_deserializer=rlfleet_dot_v1_dot_reward__pb2.OpenEpisodeRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_reward__pb2.Episode.SerializeToString,
+            ),
+            'Step': grpc.unary_unary_rpc_method_handler(
+                    servicer.Step,
+                    request_deserializer=rlfleet_dot_v1_dot_reward__pb2.StepRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_reward__pb2.StepResult.SerializeToString,
+            ),
+            'CloseEpisode': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseEpisode,
+                    request_deserializer=rlfleet_dot_v1_dot_reward__pb2.CloseEpisodeRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_reward__pb2.ScoreResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +273,87 @@ class RewardService:
             '/rlfleet.v1.RewardService/ListEnvironments',
             rlfleet_dot_v1_dot_reward__pb2.ListEnvironmentsRequest.SerializeToString,
             rlfleet_dot_v1_dot_reward__pb2.ListEnvironmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenEpisode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.RewardService/OpenEpisode',
+            rlfleet_dot_v1_dot_reward__pb2.OpenEpisodeRequest.SerializeToString,
+            rlfleet_dot_v1_dot_reward__pb2.Episode.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Step(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.RewardService/Step',
+            rlfleet_dot_v1_dot_reward__pb2.StepRequest.SerializeToString,
+            rlfleet_dot_v1_dot_reward__pb2.StepResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseEpisode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.RewardService/CloseEpisode',
+            rlfleet_dot_v1_dot_reward__pb2.CloseEpisodeRequest.SerializeToString,
+            rlfleet_dot_v1_dot_reward__pb2.ScoreResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,16 @@ class RewardServiceStub:
     request_id).
     """
     ListEnvironments: _grpc.UnaryUnaryMultiCallable[_reward_pb2.ListEnvironmentsRequest, _reward_pb2.ListEnvironmentsResponse]
+    OpenEpisode: _grpc.UnaryUnaryMultiCallable[_reward_pb2.OpenEpisodeRequest, _reward_pb2.Episode]
+    """Multi-turn environments (tool use, terminal, math with a Python tool, SWE agents): an
+    episode holds the environment's state between the policy's turns. The trainer drives
+    it: OpenEpisode, then per turn it generates (token ids, through the rollout service),
+    parses the tool calls and sends them to Step, appends the results it gets back, and
+    ends with CloseEpisode, which verifies the end state. An episode belongs to the caller
+    that opened it (other callers get NOT_FOUND) and is closed after its idle timeout.
+    """
+    Step: _grpc.UnaryUnaryMultiCallable[_reward_pb2.StepRequest, _reward_pb2.StepResult]
+    CloseEpisode: _grpc.UnaryUnaryMultiCallable[_reward_pb2.CloseEpisodeRequest, _reward_pb2.ScoreResult]
 
 @_typing.type_check_only
 class RewardServiceAsyncStub(RewardServiceStub):
@@ -58,6 +68,16 @@ class RewardServiceAsyncStub(RewardServiceStub):
     request_id).
     """
     ListEnvironments: _aio.UnaryUnaryMultiCallable[_reward_pb2.ListEnvironmentsRequest, _reward_pb2.ListEnvironmentsResponse]  # type: ignore[assignment]
+    OpenEpisode: _aio.UnaryUnaryMultiCallable[_reward_pb2.OpenEpisodeRequest, _reward_pb2.Episode]  # type: ignore[assignment]
+    """Multi-turn environments (tool use, terminal, math with a Python tool, SWE agents): an
+    episode holds the environment's state between the policy's turns. The trainer drives
+    it: OpenEpisode, then per turn it generates (token ids, through the rollout service),
+    parses the tool calls and sends them to Step, appends the results it gets back, and
+    ends with CloseEpisode, which verifies the end state. An episode belongs to the caller
+    that opened it (other callers get NOT_FOUND) and is closed after its idle timeout.
+    """
+    Step: _aio.UnaryUnaryMultiCallable[_reward_pb2.StepRequest, _reward_pb2.StepResult]  # type: ignore[assignment]
+    CloseEpisode: _aio.UnaryUnaryMultiCallable[_reward_pb2.CloseEpisodeRequest, _reward_pb2.ScoreResult]  # type: ignore[assignment]
 
 class RewardServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -93,5 +113,33 @@ class RewardServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reward_pb2.ListEnvironmentsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reward_pb2.ListEnvironmentsResponse, _abc.Awaitable[_reward_pb2.ListEnvironmentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def OpenEpisode(
+        self,
+        request: _reward_pb2.OpenEpisodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reward_pb2.Episode, _abc.Awaitable[_reward_pb2.Episode]]:
+        """Multi-turn environments (tool use, terminal, math with a Python tool, SWE agents): an
+        episode holds the environment's state between the policy's turns. The trainer drives
+        it: OpenEpisode, then per turn it generates (token ids, through the rollout service),
+        parses the tool calls and sends them to Step, appends the results it gets back, and
+        ends with CloseEpisode, which verifies the end state. An episode belongs to the caller
+        that opened it (other callers get NOT_FOUND) and is closed after its idle timeout.
+        """
+
+    @_abc_1.abstractmethod
+    def Step(
+        self,
+        request: _reward_pb2.StepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reward_pb2.StepResult, _abc.Awaitable[_reward_pb2.StepResult]]: ...
+
+    @_abc_1.abstractmethod
+    def CloseEpisode(
+        self,
+        request: _reward_pb2.CloseEpisodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reward_pb2.ScoreResult, _abc.Awaitable[_reward_pb2.ScoreResult]]: ...
 
 def add_RewardServiceServicer_to_server(servicer: RewardServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
