@@ -20,11 +20,13 @@ Comparison is constant-time (`hmac.compare_digest`); the token is never logged o
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
@@ -33,7 +35,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from rlfleet_core.errors import StartupError
+from rlfleet_core.errors import InvalidArgument, StartupError
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +204,43 @@ def server_credentials(
         else None,
         require_client_auth=client_ca_file is not None,
     )
+
+
+# --- owners of server-side state -----------------------------------------------------------
+# The fleet token says a caller may call; a client key says which caller it is. State a
+# caller creates (sandbox sessions, reward episodes) belongs to the hash of its key, and
+# another caller's state answers NOT_FOUND, as if it did not exist.
+
+CLIENT_KEY_HEADER = "x-rlfleet-client-key"
+"""HTTP header and gRPC metadata key carrying the caller's secret client key."""
+_CLIENT_KEY = re.compile(r"^[\x21-\x7e]{16,256}$")
+ANONYMOUS = "anonymous"
+"""The owner of keyless callers where a service allows them (they all share it)."""
+
+
+def owner_of(client_key: str | None, allow_keyless: bool) -> str:
+    """The owner a client key stands for: a hash, so the key is never kept or logged."""
+    if not client_key:
+        if allow_keyless:
+            return ANONYMOUS
+        raise InvalidArgument(
+            CLIENT_KEY_HEADER,
+            "is required for sessions: send a random secret of 16-256 characters, the same "
+            "on every call of one client (sessions belong to the key that created them)",
+        )
+    if not _CLIENT_KEY.match(client_key):
+        raise InvalidArgument(
+            CLIENT_KEY_HEADER, "use 16-256 printable ASCII characters without spaces"
+        )
+    return "k" + hashlib.sha256(client_key.encode()).hexdigest()[:32]
+
+
+def grpc_client_key(context: aio.ServicerContext[Any, Any]) -> str | None:
+    """A gRPC caller's `x-rlfleet-client-key` metadata, if any."""
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_KEY_HEADER:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return None
 
 
 # --- gRPC ---------------------------------------------------------------------------------

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from grpc import aio
+from rlfleet_core.auth import grpc_client_key as client_key
 from rlfleet_core.errors import InvalidArgument
 from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 from rlfleet_sandbox.config import LIMIT_NAMES
 from rlfleet_sandbox.engine import SandboxEngine
-from rlfleet_sandbox.sessions import CLIENT_KEY_HEADER, check_session_id
+from rlfleet_sandbox.sessions import check_session_id
 from rlfleet_sandbox.types import ExecRequest, ExecResult, InputFile, Language, check_file_path
 
 _LANGUAGES = {
@@ -29,14 +30,6 @@ _STATUS = {
 
 def limits_from_proto(limits: sandbox_pb2.Limits) -> dict[str, float]:
     return {name: getattr(limits, name) for name in LIMIT_NAMES}
-
-
-def client_key(context: aio.ServicerContext[Any, Any]) -> str | None:
-    """The caller's `x-rlfleet-client-key` metadata, if any."""
-    for key, value in context.invocation_metadata() or ():
-        if key == CLIENT_KEY_HEADER:
-            return value if isinstance(value, str) else value.decode(errors="replace")
-    return None
 
 
 def request_from_proto(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
 import re
@@ -26,6 +25,8 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+# Re-exported: the sandbox's faces and tests import them from here.
+from rlfleet_core.auth import ANONYMOUS, CLIENT_KEY_HEADER, owner_of  # noqa: F401
 from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from rlfleet_sandbox.config import SessionsConfig
@@ -36,11 +37,6 @@ from rlfleet_sandbox.types import ExecRequest, RunLimits
 logger = logging.getLogger(__name__)
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-CLIENT_KEY_HEADER = "x-rlfleet-client-key"
-"""HTTP header and gRPC metadata key carrying the caller's secret client key."""
-_CLIENT_KEY = re.compile(r"^[\x21-\x7e]{16,256}$")
-ANONYMOUS = "anonymous"
-"""The owner of keyless callers when `sessions.allow_keyless` is on."""
 RESET_NOTE = (
     b"\n[sandbox] the session's interpreter was stopped (it overran its limits or "
     b"crashed); its state is lost and the next call starts afresh.\n"
@@ -67,23 +63,6 @@ def check_session_id(session_id: str, where: str = "session_id") -> str:
     if not _SESSION_ID.match(session_id):
         raise InvalidArgument(where, f"use 1-128 of A-Z a-z 0-9 _ . : -, got {session_id[:140]!r}")
     return session_id
-
-
-def owner_of(client_key: str | None, allow_keyless: bool) -> str:
-    """The owner a client key stands for: a hash, so the key is never kept or logged."""
-    if not client_key:
-        if allow_keyless:
-            return ANONYMOUS
-        raise InvalidArgument(
-            CLIENT_KEY_HEADER,
-            "is required for sessions: send a random secret of 16-256 characters, the same "
-            "on every call of one client (sessions belong to the key that created them)",
-        )
-    if not _CLIENT_KEY.match(client_key):
-        raise InvalidArgument(
-            CLIENT_KEY_HEADER, "use 16-256 printable ASCII characters without spaces"
-        )
-    return "k" + hashlib.sha256(client_key.encode()).hexdigest()[:32]
 
 
 class SessionManager:
