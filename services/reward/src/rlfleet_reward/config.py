@@ -11,6 +11,7 @@ from rlfleet_core.raycluster import RayConfig
 from rlfleet_core.server import ServiceConfig
 
 from rlfleet_reward.environments import ENVIRONMENT_NAMES
+from rlfleet_reward.episodes import EPISODE_ENVIRONMENT_NAMES
 from rlfleet_reward.placement import check_placements
 
 
@@ -95,6 +96,44 @@ class SandboxConfig(ConfigModel):
     """Address-space limit asked for each program."""
 
 
+class EpisodesConfig(ConfigModel):
+    """Multi-turn environments (`episodes.*`): OpenEpisode / Step / CloseEpisode."""
+
+    environments: list[str] = Field(default_factory=lambda: list(EPISODE_ENVIRONMENT_NAMES))
+    """Multi-turn environments served; OpenEpisode refuses others as unknown."""
+    max_open: int = Field(1024, ge=1)
+    """Episodes open at once (all callers); one more is RESOURCE_EXHAUSTED."""
+    idle_timeout_s: float = Field(600.0, gt=0, le=86_400)
+    """An episode unused this long is closed (freed, not scored); its id is then NOT_FOUND."""
+    max_calls_per_step: int = Field(64, ge=1)
+    """Tool calls in one Step; more is INVALID_ARGUMENT."""
+    max_arguments_chars: int = Field(64 << 10, ge=64)
+    """Characters of one call's `arguments_json`; a longer one gets an error result."""
+    max_output_chars: int = Field(16 << 10, ge=256)
+    """Characters of one tool result's content the policy sees; the rest is cut with a note."""
+    tool_timeout_s: float = Field(30.0, gt=0, le=600)
+    """Wall-clock limit of one tool call (sandboxed code included); then an error result."""
+    close_timeout_s: float = Field(60.0, gt=0, le=1800)
+    """Verification budget of CloseEpisode (a check script, math-verify); then TIMEOUT."""
+    max_state_chars: int = Field(1 << 20, ge=1 << 10)
+    """Size of an episode's own state (the `terminal` env's files); a call that grows it
+    past this gets an error result and leaves the state as it was."""
+    allow_keyless: bool = False
+    """Let callers without an `x-rlfleet-client-key` open episodes. They then all act as
+    one caller and can step and close each other's episodes; only for one trusted client."""
+
+    @field_validator("environments")
+    @classmethod
+    def _known_episode_envs(cls, value: list[str]) -> list[str]:
+        unknown = [name for name in value if name not in EPISODE_ENVIRONMENT_NAMES]
+        if unknown:
+            raise ValueError(
+                f"unknown multi-turn environments {unknown}; known: "
+                f"{', '.join(EPISODE_ENVIRONMENT_NAMES)}"
+            )
+        return value
+
+
 class RewardServiceConfig(ServiceConfig):
     """Settings of the reward service (`server.*` is shared by every service)."""
 
@@ -121,6 +160,7 @@ class RewardServiceConfig(ServiceConfig):
     """The Ray cluster of `pool.backend=ray` (unused otherwise)."""
     limits: LimitsConfig = LimitsConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    episodes: EpisodesConfig = EpisodesConfig()
 
     @field_validator("environments")
     @classmethod

@@ -19,6 +19,8 @@ from rlfleet_contracts.rows import NEMO_GYM_NAMES
 from rlfleet_core.errors import InvalidArgument, ResourceExhausted
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 
+from rlfleet_reward.episodes.face import EpisodeCalls
+from rlfleet_reward.episodes.manager import EpisodeManager
 from rlfleet_reward.gateway import Gateway
 from rlfleet_reward.limits import check_size
 from rlfleet_reward.text import split_reasoning
@@ -57,10 +59,13 @@ def result_to_proto(request_id: str, env: str, score: Score) -> reward_pb2.Score
     )
 
 
-class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
-    def __init__(self, gateway: Gateway, max_stream_in_flight: int) -> None:
+class RewardServicer(EpisodeCalls, reward_pb2_grpc.RewardServiceServicer):
+    def __init__(
+        self, gateway: Gateway, max_stream_in_flight: int, episodes: EpisodeManager | None = None
+    ) -> None:
         self.gateway = gateway
         self.max_stream_in_flight = max_stream_in_flight
+        self.episodes = episodes or EpisodeManager(gateway)
 
     def _check_size(self, request: reward_pb2.ScoreRequest | reward_pb2.ScoreGroupRequest) -> None:
         limit = self.gateway.config.limits.max_request_bytes

@@ -59,3 +59,18 @@ HTTP_REQUESTS = Counter(
     ["env", "status"],
     registry=REGISTRY,
 )
+EPISODES_OPEN = Gauge(
+    "rlfleet_reward_episodes_open", "Multi-turn episodes open now", registry=REGISTRY
+)
+EPISODES_CLOSED = Counter(
+    "rlfleet_reward_episodes_closed",
+    "Episodes ended, by environment and how (scored, abandoned, idle)",
+    ["env", "how"],
+    registry=REGISTRY,
+)
+TOOL_CALLS = Counter(
+    "rlfleet_reward_tool_calls",
+    "Tool calls in episodes, by environment and outcome (ok, error)",
+    ["env", "outcome"],
+    registry=REGISTRY,
+)

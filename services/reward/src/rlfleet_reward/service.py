@@ -15,6 +15,7 @@ from rlfleet_proto import REWARD_SERVICE
 from rlfleet_proto.v1 import reward_pb2_grpc
 
 from rlfleet_reward.config import RewardServiceConfig
+from rlfleet_reward.episodes.manager import EpisodeManager
 from rlfleet_reward.gateway import Gateway
 from rlfleet_reward.grpc_face import RewardServicer
 from rlfleet_reward.http_face import add_routes
@@ -26,9 +27,10 @@ class RewardService(BaseService):
     def __init__(self, config: RewardServiceConfig, sandbox: SandboxClient | None = None) -> None:
         self.config = config
         self.gateway = Gateway(config, sandbox=sandbox)
+        self.episodes = EpisodeManager(self.gateway)
 
     def add_to_server(self, server: aio.Server) -> None:
-        servicer = RewardServicer(self.gateway, self.config.max_stream_in_flight)
+        servicer = RewardServicer(self.gateway, self.config.max_stream_in_flight, self.episodes)
         reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, server)
 
     def http_routes(self, app: FastAPI) -> None:
@@ -36,8 +38,10 @@ class RewardService(BaseService):
 
     async def start(self) -> None:
         await self.gateway.start()
+        await self.episodes.start()
 
     async def stop(self) -> None:
+        await self.episodes.stop()
         await self.gateway.stop()
 
 

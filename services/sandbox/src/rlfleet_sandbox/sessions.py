@@ -26,7 +26,9 @@ import time
 from dataclasses import dataclass, field
 
 # Re-exported: the sandbox's faces and tests import them from here.
-from rlfleet_core.auth import ANONYMOUS, CLIENT_KEY_HEADER, owner_of  # noqa: F401
+from rlfleet_core.auth import ANONYMOUS as ANONYMOUS
+from rlfleet_core.auth import CLIENT_KEY_HEADER as CLIENT_KEY_HEADER
+from rlfleet_core.auth import owner_of as owner_of
 from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from rlfleet_sandbox.config import SessionsConfig
