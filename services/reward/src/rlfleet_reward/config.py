@@ -115,9 +115,11 @@ class EpisodesConfig(ConfigModel):
     """Wall-clock limit of one tool call (sandboxed code included); then an error result."""
     close_timeout_s: float = Field(60.0, gt=0, le=1800)
     """Verification budget of CloseEpisode (a check script, math-verify); then TIMEOUT."""
-    max_state_chars: int = Field(1 << 20, ge=1 << 10)
-    """Size of an episode's own state (the `terminal` env's files); a call that grows it
-    past this gets an error result and leaves the state as it was."""
+    max_state_bytes: int = Field(256 << 10, ge=1 << 10, le=640 << 10)
+    """Size of an episode's own state (the `terminal` env's work-dir files, sent to the
+    sandbox with every command); a command that grows it past this gets an error result
+    and leaves the state as it was. At most 640 KiB: the snapshot comes back base64 in
+    the sandbox's 1 MiB output."""
     allow_keyless: bool = False
     """Let callers without an `x-rlfleet-client-key` open episodes. They then all act as
     one caller and can step and close each other's episodes; only for one trusted client."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -97,13 +98,21 @@ class GrpcSandboxClient:
         self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
 
     async def execute(
-        self, code: str, *, stdin: str = "", timeout_s: float, session_id: str = ""
+        self,
+        code: str,
+        *,
+        stdin: str = "",
+        timeout_s: float,
+        session_id: str = "",
+        files: Sequence[tuple[str, bytes, bool]] = (),
     ) -> ExecOutcome:
-        """Run `code` (inside session `session_id` when given: SessionGone if it is gone)."""
+        """Run `code` (inside session `session_id` when given: SessionGone if it is gone),
+        with `files` (path, content, executable) written into its work dir first."""
         request = sandbox_pb2.ExecuteRequest(
             language=sandbox_pb2.LANGUAGE_PYTHON,
             code=code,
             stdin=stdin,
+            files=[sandbox_pb2.File(path=p, content=c, executable=x) for p, c, x in files],
             limits=sandbox_pb2.Limits(
                 timeout_s=timeout_s,
                 memory_bytes=self.memory_bytes,

@@ -42,7 +42,9 @@ class EpisodeContext(Protocol):
 
     tool_timeout_s: float
     max_output_chars: int
-    max_state_chars: int
+    max_state_bytes: int
+    close_timeout_s: float
+    idle_timeout_s: float
 
     def sandbox(self) -> Any:
         """The gateway's sandbox client (GrpcSandboxClient), or None when not configured."""

@@ -78,7 +78,9 @@ class _Context:
     def __init__(self, config: EpisodesConfig, gateway: Gateway) -> None:
         self.tool_timeout_s = config.tool_timeout_s
         self.max_output_chars = config.max_output_chars
-        self.max_state_chars = config.max_state_chars
+        self.max_state_bytes = config.max_state_bytes
+        self.close_timeout_s = config.close_timeout_s
+        self.idle_timeout_s = config.idle_timeout_s
         self._gateway = gateway
 
     def sandbox(self) -> Any:
@@ -154,6 +156,8 @@ class EpisodeManager:
         try:
             async with asyncio.timeout(self.config.tool_timeout_s):
                 state = await env.open(spec, self.ctx)
+        except RowError as exc:
+            raise InvalidArgument(f"row.{clip(exc.field)}", clip(exc.problem, 1000)) from None
         except SandboxBusy as exc:
             raise ResourceExhausted(f"the sandbox is busy: {exc}") from None
         except (SandboxUnavailable, TimeoutError) as exc:
