@@ -21,7 +21,7 @@ from rlfleet_proto.v1 import reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 from support import start_service, stop_service
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services/reward/tests"))
-from episode_support import Caller  # noqa: E402
+from episode_support import Caller
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
 
@@ -88,6 +88,7 @@ def test_math_python_keeps_state_and_grades_the_answer(
 def test_math_python_failures_are_results(stub: reward_pb2_grpc.RewardServiceStub) -> None:
     caller = Caller(stub)
     episode = caller.open("math_python", MATH)
+    caller.step(episode.episode_id, *MATH_CALLS)
     crash, flood, bad, after = caller.step(
         episode.episode_id,
         ("python", {"code": "z = 1 / 0"}),
@@ -95,6 +96,12 @@ def test_math_python_failures_are_results(stub: reward_pb2_grpc.RewardServiceStu
         ("python", {"code": 12}),
         ("python", {"code": "print('alive')"}),
     ).results
+    (endless, kept) = caller.step(
+        episode.episode_id,
+        ("python", {"code": "while True: pass"}),
+        ("python", {"code": "print(y)"}),
+    ).results
+    assert "timed out" in endless.content and kept.content.strip() == "145"
     assert not crash.error and "ZeroDivisionError" in crash.content
     assert len(flood.content) <= 2000 and "[output truncated:" in flood.content
     assert bad.error and "is not of type 'string'" in bad.content

@@ -16,6 +16,7 @@ import pytest
 from episode_support import Caller
 from reward_support import RewardServer, start_reward_server, stop_reward_server
 from rlfleet_proto.v1 import reward_pb2_grpc
+from rlfleet_reward.row_check import check_row
 
 WORLD = {
     "accounts": {
@@ -438,3 +439,17 @@ def test_idle_episodes_are_closed(tmp_path: Path) -> None:
             assert "idle for over 1s" in err.value.details()
     finally:
         assert stop_reward_server(server) == 0, server.log()
+
+
+def test_data_prep_checks_multi_turn_rows() -> None:
+    assert check_row({"env": "tool_use", **SOLVED}) == []
+    assert check_row({"env": "terminal", "check": "true", "files": {"a": "x"}}) == []
+    assert check_row({"env": "math_python", "expected_answer": "2"}) == []
+    assert check_row({"env": "terminal", "files": {"a": "x"}}) == ["check: required, but missing"]
+    single = {"env": "tool_use", "expected_tool_call": {"name": "f", "arguments": {}}}
+    assert check_row(single) == []  # the single-turn tool_use row still passes
+    broken = check_row({"env": "tool_use", "initial_state": WORLD})
+    assert broken == [
+        "expected_tool_call: required, but missing",
+        "or, as multi-turn tool_use: goal_state: required: an object with `accounts`",
+    ]

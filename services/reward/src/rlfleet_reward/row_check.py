@@ -16,7 +16,10 @@ from rlfleet_contracts.rows import env_ref, unknown_env_problem
 from rlfleet_core.errors import InvalidArgument
 
 from rlfleet_reward.config import PoolConfig, RewardServiceConfig
+from rlfleet_reward.episodes import EPISODE_ENVIRONMENT_NAMES, get_episode_environment
+from rlfleet_reward.episodes.tools import row_tools
 from rlfleet_reward.gateway import Gateway
+from rlfleet_reward.types import RowError
 
 
 @functools.cache
@@ -26,16 +29,36 @@ def _gateway() -> Gateway:
     return Gateway(RewardServiceConfig(pool=PoolConfig(workers=1, start_method="spawn")))
 
 
+def _episode_problems(env: str, row: dict[str, Any]) -> list[str]:
+    """The problems OpenEpisode would find in `row` for multi-turn environment `env`."""
+    episode_env = get_episode_environment(env)
+    try:
+        episode_env.parse_row(row)
+        row_tools(row, episode_env.tools)
+    except RowError as exc:
+        return [f"{exc.field}: {exc.problem}"]
+    return []
+
+
 def check_row(row: dict[str, Any]) -> list[str]:
-    """'field: problem' strings for `row` (empty if the gateway would accept it)."""
+    """'field: problem' strings for `row` (empty if the gateway would accept it). A row
+    for a multi-turn environment (episodes/) passes when OpenEpisode would accept it;
+    `tool_use` names both a single-turn and a multi-turn environment, and either will do."""
     ref = env_ref(row)
     if ref is None:
         return ["env: missing (set `env`, `agent_ref.name` or `task_source`, or a default env)"]
     gateway = _gateway()
+    episode_problems = None
+    if ref.env in EPISODE_ENVIRONMENT_NAMES:
+        episode_problems = _episode_problems(ref.env, row)
+        if not episode_problems or ref.env not in gateway.enabled:
+            return episode_problems
     if ref.env not in gateway.enabled:
         return [unknown_env_problem(ref, gateway.enabled)]
     try:
         gateway.prepare(ref.env, row, [])
     except InvalidArgument as exc:
-        return [exc.message.removeprefix("row.")]
+        problem = exc.message.removeprefix("row.")
+        extra = [f"or, as multi-turn {ref.env}: {p}" for p in episode_problems or ()]
+        return [problem, *extra]
     return []
