@@ -302,6 +302,11 @@ def test_row_tools_are_shown_and_limit_the_calls(stub: reward_pb2_grpc.RewardSer
             {"initial_state": {"accounts": {}}, "goal_state": WORLD},
             "row.initial_state.accounts",
         ),
+        (
+            "tool_use",
+            {**SOLVED, "goal_state": {"accounts": {"A1": {"owner": "a", "balance": 1}}}},
+            "row.goal_state.accounts",
+        ),
         ("tool_use", row(A1=-5), "row.goal_state.accounts.A1.balance"),
         ("tool_use", row(A1=0.001), "row.goal_state.accounts.A1.balance"),
         ("tool_use", row(A1="100"), "row.goal_state.accounts.A1.balance"),

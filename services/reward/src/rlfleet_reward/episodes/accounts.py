@@ -160,6 +160,11 @@ class AccountsEnvironment(EpisodeEnvironment):
 
     def parse_row(self, row: Mapping[str, Any]) -> AccountsSpec:
         initial, goal = _accounts(row, "initial_state"), _accounts(row, "goal_state")
+        if [k for k, _ in initial] != [k for k, _ in goal]:
+            raise RowError(
+                "goal_state.accounts",
+                "must hold the same account ids as initial_state (no tool adds or removes one)",
+            )
         answer = row.get("expected_answer")
         if answer is not None and (
             not isinstance(answer, str | int | float)
