@@ -29,7 +29,10 @@ pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is no
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[reward_pb2_grpc.RewardServiceStub]:
     tmp = tmp_path_factory.mktemp("episodes-sandbox")
-    sandbox, sandbox_target = start_service("rlfleet_sandbox", [], tmp / "sandbox.log")
+    # Sessions of one client (the gateway) capped low, to see the cap reach the caller.
+    sandbox, sandbox_target = start_service(
+        "rlfleet_sandbox", ["sessions.max_sessions_per_client=3"], tmp / "sandbox.log"
+    )
     try:
         with grpc.insecure_channel(sandbox_target) as channel:
             probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
@@ -117,6 +120,19 @@ def test_math_python_row_is_checked(stub: reward_pb2_grpc.RewardServiceStub) -> 
         Caller(stub).open("math_python", {"question": "?"})
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith("row.expected_answer:")
+
+
+def test_math_python_sessions_are_capped_and_freed(stub: reward_pb2_grpc.RewardServiceStub) -> None:
+    caller = Caller(stub)
+    opened = [caller.open("math_python", MATH).episode_id for _ in range(3)]
+    with pytest.raises(grpc.RpcError) as err:
+        caller.open("math_python", MATH)
+    assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "the sandbox is busy" in err.value.details()
+    caller.close(opened.pop(), abandon=True)  # frees its sandbox session
+    opened.append(caller.open("math_python", MATH).episode_id)
+    for episode_id in opened:
+        caller.close(episode_id, abandon=True)
 
 
 SORT = {
