@@ -1,7 +1,8 @@
 """TEST DOUBLE of the reward gateway's episode RPCs (OpenEpisode, Step, CloseEpisode), for
 the multi-turn tests: `DoubleEpisodes` is `testing.DoubleReward` plus a tiny deterministic
 tool world, served over real gRPC by `testing.serve_doubles(..., reward=DoubleEpisodes())`
-or on its own by `serve_episodes`.
+or on its own by `serve_servicer`; and `ScriptedRollout`, a rollout double replaying
+scripted model turns.
 
 The world: a key-value store. Tools `set_value(key, value)`, `add(key, amount)` (numbers),
 `get_value(key)`, and `submit()` (ends the episode). The row's `goal` (a JSON object) is the
@@ -12,6 +13,7 @@ as the real gateway's are. It is not the real reward service (services/reward).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import itertools
@@ -23,7 +25,7 @@ from typing import Any
 import grpc
 from grpc import aio
 from rlfleet_core.server import ServiceConfig, ServiceDefinition, start_service
-from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 from rlfleet_trainer.testing import DoubleReward, _make_service
 
@@ -164,19 +166,87 @@ class DoubleEpisodes(DoubleReward):
         )
 
 
+class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
+    """A rollout double that replays scripts of model turns (Generate only, n=1).
+
+    Sample k (the `/k/` part of the trainer's request id `<prompt>/<k>/t<turn>`) follows
+    `scripts[k % len(scripts)]`; its next turn is the first of the script's responses not
+    yet found, in order, in the decoded prompt, so the double keeps no state per
+    trajectory. Each turn is the response's token ids plus the stop token; each token's
+    logprob is `token_logprob(id)`, so tests can check the logprobs line up with the ids.
+    """
+
+    def __init__(self, tokenizer: Any, scripts: list[list[str]], stop_token: str) -> None:
+        self.tokenizer = tokenizer
+        self.scripts = scripts
+        self.stop_id = int(tokenizer.convert_tokens_to_ids(stop_token))
+        self.version = 0
+        self.bump_version_each_call = False
+        """Publish a new weight version after every Generate (in-flight updates)."""
+        self.delay_s = 0.0
+        self.requests: list[rollout_pb2.GenerateRequest] = []
+
+    @staticmethod
+    def token_logprob(token_id: int) -> float:
+        return -((token_id % 89) + 1) / 100
+
+    def next_response(self, script: list[str], prompt: str) -> str | None:
+        position = 0
+        for response in script:
+            found = prompt.find(response, position)
+            if found < 0:
+                return response
+            position = found + len(response)
+        return None
+
+    async def Generate(
+        self, request: rollout_pb2.GenerateRequest, context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[rollout_pb2.GenerateResult]:
+        self.requests.append(request)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        sample = int(request.request_id.split("/")[1])
+        prompt = self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
+        response = self.next_response(self.scripts[sample % len(self.scripts)], prompt)
+        if response is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "script exhausted")
+        ids = [*self.tokenizer.encode(response, add_special_tokens=False), self.stop_id]
+        finish = rollout_pb2.FINISH_REASON_STOP
+        if len(ids) > request.sampling.max_tokens:
+            ids, finish = ids[: request.sampling.max_tokens], rollout_pb2.FINISH_REASON_LENGTH
+        version = self.version
+        if self.bump_version_each_call:
+            self.version += 1
+        yield rollout_pb2.GenerateResult(
+            request_id=request.request_id,
+            token_ids=ids,
+            logprobs=[self.token_logprob(t) for t in ids],
+            finish_reason=finish,
+            weight_version_first=version,
+            weight_version_last=version,
+        )
+
+    async def GetStatus(
+        self, request: rollout_pb2.GetStatusRequest, context: aio.ServicerContext[Any, Any]
+    ) -> rollout_pb2.RolloutStatus:
+        return rollout_pb2.RolloutStatus(weight_version=self.version, engine="scripted")
+
+
 @contextlib.asynccontextmanager
-async def serve_episodes(servicer: DoubleEpisodes) -> AsyncIterator[str]:
-    """Serve `servicer` on a free loopback port; yields its target."""
+async def serve_servicer(servicer: Any) -> AsyncIterator[str]:
+    """Serve a reward or rollout double on a free loopback port; yields its target."""
+    if isinstance(servicer, reward_pb2_grpc.RewardServiceServicer):
+        add: Any = reward_pb2_grpc.add_RewardServiceServicer_to_server
+        name, full_name = "reward-double", "rlfleet.v1.RewardService"
+    else:
+        add = rollout_pb2_grpc.add_RolloutServiceServicer_to_server
+        name, full_name = "rollout-double", "rlfleet.v1.RolloutService"
     definition = ServiceDefinition(
-        name="reward-double",
+        name=name,
         package="rlfleet-trainer",
-        grpc_services=("rlfleet.v1.RewardService",),
+        grpc_services=(full_name,),
         config_model=ServiceConfig,
-        factory=functools.partial(
-            _make_service,
-            servicer=servicer,
-            add=reward_pb2_grpc.add_RewardServiceServicer_to_server,
-        ),
+        factory=functools.partial(_make_service, servicer=servicer, add=add),
     )
     config = ServiceConfig.model_validate({"server": {"port": 0, "grace_s": 0.5}})
     running = await start_service(definition, config)

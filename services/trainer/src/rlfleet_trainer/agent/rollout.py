@@ -120,8 +120,13 @@ class AgentRollout:
     async def group(self, prompt: Prompt, size: int, sampling: Sampling) -> list[Trajectory]:
         """`size` trajectories of `prompt`, each with its own episode; one failure fails
         the group (the others are cancelled, and their episodes abandoned)."""
-        async with asyncio.TaskGroup() as tasks:
-            running = [tasks.create_task(self.trajectory(prompt, k, sampling)) for k in range(size)]
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                running = [
+                    tasks.create_task(self.trajectory(prompt, k, sampling)) for k in range(size)
+                ]
+        except BaseExceptionGroup as failed:  # the collector handles one failure, not a group
+            raise failed.exceptions[0] from None
         return [task.result() for task in running]
 
     async def trajectory(self, prompt: Prompt, sample_index: int, sampling: Sampling) -> Trajectory:
