@@ -220,3 +220,42 @@ async def test_a_multi_turn_group_trains_on_whole_trajectories(tokenizer: Any) -
     assert step.batch.mask_NT[0].sum() == model_tokens
     assert step.batch.mask_NT[1].sum() == 0  # truncated: filtered whole
     assert step.metrics["truncated_fraction"] == 0.5
+
+
+async def test_the_collector_runs_multi_turn_envs_through_the_agent(tokenizer: Any) -> None:
+    """Rows of `multi_turn.envs` become multi-turn groups scored by CloseEpisode; the other
+    rows stay single-turn (Generate n=G, ScoreGroup) in the same run."""
+    from rlfleet_contracts.recipe import RecipeConfig
+    from rlfleet_trainer.collector import Collector
+    from rlfleet_trainer.data import PromptSource
+    from rlfleet_trainer.testing import letter_rows
+
+    recipe = RecipeConfig.model_validate(
+        {
+            "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2},
+            "multi_turn": {"envs": ["kv"], "max_turns": 6},
+            "policy": {"max_total_sequence_length": 4096},
+        }
+    )
+    rows = [json.loads(kv_prompt().row_json), *letter_rows(1)]
+    source = PromptSource(rows, tokenizer, seed=0, shuffle=False, default_env="letters")
+    async with world(tokenizer, [REACH_GOAL, MISS_GOAL]) as w:
+        collector = Collector.from_recipe(
+            recipe,
+            source,
+            w.agent.rollout,
+            w.agent.episodes.reward,
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            tokenizer,
+        )
+        await collector.wait_for_groups(2, current_version=0, limit=2)
+        groups = {g.env: g for g in collector.take(2)}
+        await collector.cancel()
+    kv, letters = groups["kv"], groups["letters"]
+    assert kv.rewards == [1.0, 0.0]
+    check_alignment(kv.samples[0], tokenizer, REACH_GOAL)
+    assert all(s.loss_mask is None for s in letters.samples)
+    assert letters.samples[0].token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert collector.stats.generated_tokens > 0 and len(w.episodes.scored) == 2
+    with pytest.raises(ValueError, match=r"multi_turn\.envs is set but the collector got no"):
+        Collector.from_recipe(recipe, source, w.agent.rollout, w.agent.episodes.reward, str)

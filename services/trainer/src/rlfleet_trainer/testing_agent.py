@@ -169,8 +169,8 @@ class DoubleEpisodes(DoubleReward):
 class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
     """A rollout double that replays scripts of model turns (Generate only, n=1).
 
-    Sample k (the `/k/` part of the trainer's request id `<prompt>/<k>/t<turn>`) follows
-    `scripts[k % len(scripts)]`; its next turn is the first of the script's responses not
+    Sample k (the `/k/` part of the trainer's request id `<prompt>/<k>/t<turn>`; 0 for a
+    single-turn request, whose n samples are all the same) follows `scripts[k % len(scripts)]`; its next turn is the first of the script's responses not
     yet found, in order, in the decoded prompt, so the double keeps no state per
     trajectory. Each turn is the response's token ids plus the stop token; each token's
     logprob is `token_logprob(id)`, so tests can check the logprobs line up with the ids.
@@ -205,11 +205,13 @@ class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self.requests.append(request)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        sample = int(request.request_id.split("/")[1])
+        parts = request.request_id.split("/")
+        sample = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
         prompt = self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
         response = self.next_response(self.scripts[sample % len(self.scripts)], prompt)
         if response is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "script exhausted")
+            raise AssertionError  # unreachable
         ids = [*self.tokenizer.encode(response, add_special_tokens=False), self.stop_id]
         finish = rollout_pb2.FINISH_REASON_STOP
         if len(ids) > request.sampling.max_tokens:
@@ -217,14 +219,16 @@ class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
         version = self.version
         if self.bump_version_each_call:
             self.version += 1
-        yield rollout_pb2.GenerateResult(
-            request_id=request.request_id,
-            token_ids=ids,
-            logprobs=[self.token_logprob(t) for t in ids],
-            finish_reason=finish,
-            weight_version_first=version,
-            weight_version_last=version,
-        )
+        for index in range(request.n):  # a single-turn group: n copies of the turn
+            yield rollout_pb2.GenerateResult(
+                request_id=request.request_id,
+                sample_index=index,
+                token_ids=ids,
+                logprobs=[self.token_logprob(t) for t in ids],
+                finish_reason=finish,
+                weight_version_first=version,
+                weight_version_last=version,
+            )
 
     async def GetStatus(
         self, request: rollout_pb2.GetStatusRequest, context: aio.ServicerContext[Any, Any]
