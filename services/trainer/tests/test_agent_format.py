@@ -189,3 +189,22 @@ def test_a_turn_without_its_stop_token_gets_the_turn_closed(tokenizer: Any) -> N
     renderer = ChatRenderer(tokenizer, HermesFormat())
     results = [reward_pb2.ToolResult(call_id="c0", name="add", content="3")]
     assert renderer.environment_text(results, "").startswith("<|im_end|>\n<|im_start|>tool\n3")
+
+
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        ({"max_turns": 0}, "multi_turn.max_turns"),
+        ({"tool_call_format": "xml"}, "multi_turn.tool_call_format"),
+        ({"max_trajectory_time_s": 0}, "multi_turn.max_trajectory_time_s"),
+        ({"turns": 3}, "multi_turn.turns"),
+    ],
+)
+def test_bad_multi_turn_settings_name_the_key(section: dict[str, Any], field: str) -> None:
+    from pydantic import ValidationError
+    from rlfleet_contracts.recipe import RecipeConfig
+
+    with pytest.raises(ValidationError) as caught:
+        RecipeConfig.model_validate({"multi_turn": section})
+    [error] = caught.value.errors()
+    assert ".".join(str(p) for p in error["loc"]) == field
