@@ -257,5 +257,15 @@ async def test_the_collector_runs_multi_turn_envs_through_the_agent(tokenizer: A
     assert all(s.loss_mask is None for s in letters.samples)
     assert letters.samples[0].token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert collector.stats.generated_tokens > 0 and len(w.episodes.scored) == 2
-    with pytest.raises(ValueError, match=r"multi_turn\.envs is set but the collector got no"):
+    with pytest.raises(ValueError, match=r"multi_turn\.envs is set but no tokenizer"):
         Collector.from_recipe(recipe, source, w.agent.rollout, w.agent.episodes.reward, str)
+
+
+async def test_a_prompt_with_no_room_left_fails_loudly(tokenizer: Any) -> None:
+    from rlfleet_trainer.clients import GenerationFailed
+
+    async with world(tokenizer, [REACH_GOAL], max_tokens=500) as w:  # the prompt is 861
+        with pytest.raises(GenerationFailed, match=r"no room under multi_turn\.max_trajectory"):
+            await w.agent.group(kv_prompt(), 2, SAMPLING)
+    assert len(w.episodes.abandoned) == 2 and not w.episodes.episodes
+    assert not w.rollout.requests

@@ -27,9 +27,7 @@ from typing import Any
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_proto.v1 import rollout_pb2
 
-from rlfleet_trainer.agent.episodes import EpisodeClient
-from rlfleet_trainer.agent.rollout import AgentRollout, make_agent
-from rlfleet_trainer.agent.tool_format import tool_call_format
+from rlfleet_trainer.agent.rollout import AgentRollout, build_agent
 from rlfleet_trainer.batch import Trajectory
 from rlfleet_trainer.clients import (
     GenerationFailed,
@@ -138,20 +136,7 @@ class Collector:
         tokenizer: Any = None,
     ) -> Collector:
         """`tokenizer` renders multi-turn trajectories; needed when `multi_turn.envs` is set."""
-        g, mt = recipe.grpo, recipe.multi_turn
-        agent = None
-        if mt.envs:
-            if tokenizer is None:
-                raise ValueError("multi_turn.envs is set but the collector got no tokenizer")
-            agent = make_agent(
-                mt,
-                rollout,
-                EpisodeClient(reward, mt.step_timeout_s),
-                tokenizer,
-                tool_call_format(mt.tool_call_format),
-                recipe.policy.max_total_sequence_length,
-                dict(recipe.reasoning.chat_template_kwargs),
-            )
+        g = recipe.grpo
         return cls(
             source,
             rollout,
@@ -165,7 +150,7 @@ class Collector:
                 g.max_consecutive_failing_steps,
                 g.num_prompts_per_step,
             ),
-            agent=agent,
+            agent=build_agent(recipe, rollout, reward, tokenizer),
         )
 
     def __init__(

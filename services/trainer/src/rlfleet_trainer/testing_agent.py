@@ -102,8 +102,11 @@ def run_tool(store: dict[str, Any], name: str, arguments_json: str) -> tuple[str
 
 
 class DoubleEpisodes(DoubleReward):
-    def __init__(self) -> None:
+    def __init__(self, tools: tuple[str, ...] | None = None) -> None:
+        """`tools`: the names of KV_TOOLS an episode offers (default all; fewer make a
+        shorter prompt)."""
         super().__init__()
+        self.tools = [t for t in KV_TOOLS if tools is None or t.name in tools]
         self.episodes: dict[str, KvEpisode] = {}
         self.closed: dict[str, KvEpisode] = {}
         self.abandoned: list[str] = []
@@ -125,7 +128,7 @@ class DoubleEpisodes(DoubleReward):
             raise AssertionError from None  # unreachable
         episode_id = f"ep{next(self._ids)}"
         self.episodes[episode_id] = KvEpisode(request.env, goal, dict(initial))
-        return reward_pb2.Episode(episode_id=episode_id, tools=KV_TOOLS, idle_timeout_s=60.0)
+        return reward_pb2.Episode(episode_id=episode_id, tools=self.tools, idle_timeout_s=60.0)
 
     async def _episode(self, episode_id: str, context: aio.ServicerContext[Any, Any]) -> KvEpisode:
         if episode_id not in self.episodes:
@@ -185,6 +188,7 @@ class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
         """Publish a new weight version after every Generate (in-flight updates)."""
         self.delay_s = 0.0
         self.requests: list[rollout_pb2.GenerateRequest] = []
+        self.updates: list[int] = []
 
     @staticmethod
     def token_logprob(token_id: int) -> float:
@@ -234,6 +238,29 @@ class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.GetStatusRequest, context: aio.ServicerContext[Any, Any]
     ) -> rollout_pb2.RolloutStatus:
         return rollout_pb2.RolloutStatus(weight_version=self.version, engine="scripted")
+
+    async def StreamWeights(
+        self,
+        request_iterator: AsyncIterator[rollout_pb2.WeightChunk],
+        context: aio.ServicerContext[Any, Any],
+    ) -> rollout_pb2.UpdateWeightsResponse:
+        """Takes the update's version (it has no weights to load)."""
+        version = None
+        async for message in request_iterator:
+            if message.HasField("header"):
+                version = message.header.weight_version
+        if version is None or version <= self.version:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"bad version {version}")
+            raise AssertionError  # unreachable
+        self.version = version
+        self.updates.append(version)
+        return rollout_pb2.UpdateWeightsResponse(weight_version=version)
+
+    async def Pause(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        return rollout_pb2.PauseResponse()
+
+    async def Resume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        return rollout_pb2.ResumeResponse()
 
 
 @contextlib.asynccontextmanager

@@ -30,13 +30,20 @@ from typing import Any
 
 from rlfleet_contracts.multiturn import MultiTurnConfig
 from rlfleet_contracts.reasoning import row_template_kwargs
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_proto.v1 import reward_pb2, rollout_pb2
 
 from rlfleet_trainer.agent.episodes import EpisodeClient
 from rlfleet_trainer.agent.render import ChatRenderer, openai_tools
-from rlfleet_trainer.agent.tool_format import ParsedCall, ToolCallFormat
+from rlfleet_trainer.agent.tool_format import ParsedCall, ToolCallFormat, tool_call_format
 from rlfleet_trainer.batch import Trajectory
-from rlfleet_trainer.clients import RewardFailed, RolloutClient, Sampling
+from rlfleet_trainer.clients import (
+    GenerationFailed,
+    RewardClient,
+    RewardFailed,
+    RolloutClient,
+    Sampling,
+)
 from rlfleet_trainer.data import Prompt, row_messages
 
 TURN_SEED_STRIDE = 1_000_003
@@ -137,6 +144,14 @@ class AgentRollout:
         scored = False
         try:
             growing = await self._prompt(prompt, episode)
+            if growing.length >= self.limits.max_tokens:
+                raise GenerationFailed(
+                    f"{prompt.prompt_id}: the prompt with the episode's tools is "
+                    f"{growing.length} tokens, no room under multi_turn.max_trajectory_tokens "
+                    f"({self.limits.max_tokens}); raise it or shorten the tools",
+                    transient=False,
+                    failed_samples=1,
+                )
             try:
                 async with asyncio.timeout(self.limits.max_time_s - (time.monotonic() - started)):
                     await self._turns(prompt, sample_index, sampling, episode, growing, started)
@@ -255,21 +270,22 @@ class AgentRollout:
         return [r for r in results if r is not None], done
 
 
-def make_agent(
-    config: MultiTurnConfig,
-    rollout: RolloutClient,
-    episodes: EpisodeClient,
-    tokenizer: Any,
-    fmt: ToolCallFormat,
-    max_total_sequence_length: int,
-    template_kwargs: dict[str, Any] | None = None,
-) -> AgentRollout:
+def build_agent(
+    recipe: RecipeConfig, rollout: RolloutClient, reward: RewardClient, tokenizer: Any
+) -> AgentRollout | None:
+    """The recipe's multi-turn runner (sharing the clients' channels); None when
+    `multi_turn.envs` is empty."""
+    config = recipe.multi_turn
+    if not config.envs:
+        return None
+    if tokenizer is None:
+        raise ValueError("multi_turn.envs is set but no tokenizer was given to render episodes")
     return AgentRollout(
         rollout,
-        episodes,
+        EpisodeClient(reward, config.step_timeout_s),
         tokenizer,
-        fmt,
-        AgentLimits.from_config(config, max_total_sequence_length),
+        tool_call_format(config.tool_call_format),
+        AgentLimits.from_config(config, recipe.policy.max_total_sequence_length),
         envs=set(config.envs),
-        template_kwargs=template_kwargs,
+        template_kwargs=dict(recipe.reasoning.chat_template_kwargs),
     )
