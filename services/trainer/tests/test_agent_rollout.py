@@ -193,8 +193,10 @@ async def test_a_failed_step_fails_the_group_and_abandons_every_episode(tokenize
         w.episodes.step_faults = [grpc.StatusCode.INTERNAL]
         with pytest.raises(RewardFailed, match="Step ep"):
             await w.agent.group(kv_prompt(), 3, SAMPLING)
-    assert not w.episodes.episodes  # none left open
-    assert len(w.episodes.abandoned) == 3 and not w.episodes.scored
+    # None left open: each one opened (a cancelled sibling may not have got that far) was
+    # abandoned, none scored.
+    assert not w.episodes.episodes and not w.episodes.scored
+    assert sorted(w.episodes.abandoned) == sorted(w.episodes.closed) != []
 
 
 async def test_a_multi_turn_group_trains_on_whole_trajectories(tokenizer: Any) -> None:
@@ -220,6 +222,12 @@ async def test_a_multi_turn_group_trains_on_whole_trajectories(tokenizer: Any) -
     assert step.batch.mask_NT[0].sum() == model_tokens
     assert step.batch.mask_NT[1].sum() == 0  # truncated: filtered whole
     assert step.metrics["truncated_fraction"] == 0.5
+    # lengths count the model's tokens, not the tool results and headers between them
+    assert step.metrics["response_length/max"] == model_tokens < len(done[0].token_ids)
+    assert (
+        step.metrics["kv/gen_tokens_per_sample/mean"]
+        == (model_tokens + sum(cut[0].loss_mask or [])) / 2
+    )
 
 
 async def test_the_collector_runs_multi_turn_envs_through_the_agent(tokenizer: Any) -> None:
@@ -267,5 +275,6 @@ async def test_a_prompt_with_no_room_left_fails_loudly(tokenizer: Any) -> None:
     async with world(tokenizer, [REACH_GOAL], max_tokens=500) as w:  # the prompt is 861
         with pytest.raises(GenerationFailed, match=r"no room under multi_turn\.max_trajectory"):
             await w.agent.group(kv_prompt(), 2, SAMPLING)
-    assert len(w.episodes.abandoned) == 2 and not w.episodes.episodes
+    assert not w.episodes.episodes and not w.episodes.scored
+    assert sorted(w.episodes.abandoned) == sorted(w.episodes.closed) != []
     assert not w.rollout.requests

@@ -48,6 +48,11 @@ class Trajectory:
     turn_weight_versions: list[int] = field(default_factory=list)
     """Multi-turn: the weight version each model turn started under (oldest = weight_version)."""
 
+    @property
+    def num_generated(self) -> int:
+        """Tokens the model generated (a multi-turn trajectory's environment tokens left out)."""
+        return len(self.token_ids) if self.loss_mask is None else sum(self.loss_mask)
+
 
 @dataclass
 class TrainBatch:

@@ -22,6 +22,7 @@ logprob, whatever version produced it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -138,9 +139,7 @@ class AgentRollout:
 
     async def trajectory(self, prompt: Prompt, sample_index: int, sampling: Sampling) -> Trajectory:
         started = time.monotonic()
-        episode = await self.episodes.open(
-            f"{prompt.prompt_id}/{sample_index}", prompt.env, prompt.row_json
-        )
+        episode = await self._open(prompt, sample_index)
         scored = False
         try:
             growing = await self._prompt(prompt, episode)
@@ -163,7 +162,7 @@ class AgentRollout:
             scored = True
         finally:
             if not scored:
-                await self.episodes.abandon(episode.episode_id)
+                await self._abandon(episode.episode_id)
         return Trajectory(
             prompt_id=prompt.prompt_id,
             sample_index=sample_index,
@@ -178,6 +177,30 @@ class AgentRollout:
             loss_mask=growing.mask,
             turn_weight_versions=growing.versions,
         )
+
+    async def _open(self, prompt: Prompt, sample_index: int) -> reward_pb2.Episode:
+        """OpenEpisode; cancelled while it runs (a sibling failed, the run stops), the call
+        still completes (within its deadline) and the episode it opened is abandoned, so
+        no episode is left open on the gateway."""
+        opening = asyncio.ensure_future(
+            self.episodes.open(f"{prompt.prompt_id}/{sample_index}", prompt.env, prompt.row_json)
+        )
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self._abandon((await opening).episode_id)
+            raise
+
+    async def _abandon(self, episode_id: str) -> None:
+        """Abandon the episode, to the end even when cancelled meanwhile (the call has a
+        deadline): a cancelled trajectory must not leave its episode open."""
+        abandoning = asyncio.ensure_future(self.episodes.abandon(episode_id))
+        try:
+            await asyncio.shield(abandoning)
+        except asyncio.CancelledError:
+            await abandoning
+            raise
 
     async def _prompt(self, prompt: Prompt, episode: reward_pb2.Episode) -> _Growing:
         row = json.loads(prompt.row_json)
