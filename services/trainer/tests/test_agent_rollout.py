@@ -278,3 +278,18 @@ async def test_a_prompt_with_no_room_left_fails_loudly(tokenizer: Any) -> None:
     assert not w.episodes.episodes and not w.episodes.scored
     assert sorted(w.episodes.abandoned) == sorted(w.episodes.closed) != []
     assert not w.rollout.requests
+
+
+async def test_the_lag_rule_judges_a_trajectory_by_its_oldest_turn(tokenizer: Any) -> None:
+    """Turns generated under versions 0, 1, 2, 3: at version 3 with max age 1 the group is
+    stale (its oldest turn is 3 behind), though its newest turn is current."""
+    from rlfleet_trainer.replay import PromptGroup, ReplayBuffer
+
+    async with world(tokenizer, [REACH_GOAL]) as w:
+        w.rollout.bump_version_each_call = True
+        [traj] = await w.agent.group(kv_prompt(), 1, SAMPLING)
+    assert traj.turn_weight_versions == [0, 1, 2, 3] and traj.weight_version == 0
+    buffer = ReplayBuffer(max_age_steps=1)
+    buffer.add(PromptGroup("kv0@0", "kv", [traj]))
+    assert buffer.evict_stale(current_version=1) == []
+    assert len(buffer.evict_stale(current_version=3)) == 1
