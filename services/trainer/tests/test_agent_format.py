@@ -13,6 +13,7 @@ from rlfleet_trainer.agent.tool_format import (
     HermesFormat,
     NemotronFormat,
     ParsedCall,
+    split_reasoning,
     tool_call_format,
 )
 
@@ -34,6 +35,8 @@ TOOLS_TEMPLATE = (
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+CALL = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
 
 KV = [
     reward_pb2.ToolSpec(
@@ -98,6 +101,27 @@ def test_nemotron_parses_a_list_of_calls(text: str, expected: list[ParsedCall | 
     assert len(calls) == len(expected)
     for call, want in zip(calls, expected, strict=True):
         assert (want in call.error) if isinstance(want, str) else call == want
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "reasoning", "calls"),
+    [
+        ("plain " + CALL, "plain " + CALL, "", 1),
+        (
+            "<think>maybe " + CALL + "?</think>\n\nNo call needed.",
+            "No call needed.",
+            "maybe " + CALL + "?",
+            0,
+        ),
+        ("<think>ok</think>" + CALL, CALL, "ok", 1),
+        ("<think>still thinking " + CALL, "", "still thinking " + CALL, 0),
+    ],
+)
+def test_calls_are_read_from_the_answer_not_the_reasoning(
+    text: str, answer: str, reasoning: str, calls: int
+) -> None:
+    assert split_reasoning(text) == (answer, reasoning)
+    assert len(HermesFormat().parse(split_reasoning(text)[0])) == calls
 
 
 def test_an_unknown_format_names_the_setting() -> None:

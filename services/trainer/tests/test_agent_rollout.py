@@ -131,6 +131,7 @@ async def test_three_tool_calls_reach_the_goal_and_only_model_tokens_get_loss(
     assert len(reach.turn_weight_versions) == 4
     assert reach.weight_version == min(reach.turn_weight_versions)
     assert sorted(reach.turn_weight_versions) == reach.turn_weight_versions
+    assert sorted(r.text for r in w.episodes.responses.values()) == ["Done.", "Done: a is 3."]
     calls = sorted([name for name, _ in e.calls] for e in w.episodes.closed.values())
     assert calls == [["set_value"], ["set_value", "add", "set_value"]]
     assert len(w.episodes.scored) == 2 and not w.episodes.abandoned and not w.episodes.episodes
@@ -293,3 +294,14 @@ async def test_the_lag_rule_judges_a_trajectory_by_its_oldest_turn(tokenizer: An
     buffer.add(PromptGroup("kv0@0", "kv", [traj]))
     assert buffer.evict_stale(current_version=1) == []
     assert len(buffer.evict_stale(current_version=3)) == 1
+
+
+async def test_a_call_inside_the_reasoning_is_not_made(tokenizer: Any) -> None:
+    thinking = f"<think>I could {call('set_value', key='a', value=3)}</think>No tools needed."
+    async with world(tokenizer, [[thinking]]) as w:
+        [traj] = await w.agent.group(kv_prompt({}), 1, SAMPLING)
+    [episode] = w.episodes.closed.values()
+    [response] = w.episodes.responses.values()
+    assert episode.calls == [] and traj.reward == 1.0  # the goal {} is the untouched store
+    assert response.text == "No tools needed." and response.reasoning_text.startswith("I could")
+    assert len(traj.turn_weight_versions) == 1

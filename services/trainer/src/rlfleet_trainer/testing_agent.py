@@ -111,6 +111,8 @@ class DoubleEpisodes(DoubleReward):
         self.closed: dict[str, KvEpisode] = {}
         self.abandoned: list[str] = []
         self.scored: list[str] = []
+        self.responses: dict[str, reward_pb2.Response] = {}
+        """Episode id -> the last turn CloseEpisode got."""
         self.step_faults: list[grpc.StatusCode] = []
         """Status codes the next Step calls end with, one each."""
         self._ids = itertools.count()
@@ -162,6 +164,7 @@ class DoubleEpisodes(DoubleReward):
             self.abandoned.append(request.episode_id)
             return reward_pb2.ScoreResult(request_id=request.episode_id, env=episode.env)
         self.scored.append(request.episode_id)
+        self.responses[request.episode_id] = request.response
         return reward_pb2.ScoreResult(
             request_id=request.episode_id,
             env=episode.env,

@@ -70,11 +70,14 @@ class EpisodeClient:
             )
         return result
 
-    async def close(self, episode_id: str, text: str, num_tokens: int) -> Score:
-        """Score the episode's end state; a reward failure is a RewardFailed."""
+    async def close(self, episode_id: str, text: str, reasoning: str, num_tokens: int) -> Score:
+        """Score the episode's end state (`text`: the last turn's answer, `num_tokens`: the
+        model's tokens of the whole trajectory); a reward failure is a RewardFailed."""
         request = reward_pb2.CloseEpisodeRequest(
             episode_id=episode_id,
-            response=reward_pb2.Response(text=text, num_tokens=num_tokens),
+            response=reward_pb2.Response(
+                text=text, reasoning_text=reasoning, num_tokens=num_tokens
+            ),
         )
         try:
             result = await self.stub.CloseEpisode(request, timeout=self.timeout_s)

@@ -36,7 +36,12 @@ from rlfleet_proto.v1 import reward_pb2, rollout_pb2
 
 from rlfleet_trainer.agent.episodes import EpisodeClient
 from rlfleet_trainer.agent.render import ChatRenderer, openai_tools
-from rlfleet_trainer.agent.tool_format import ParsedCall, ToolCallFormat, tool_call_format
+from rlfleet_trainer.agent.tool_format import (
+    ParsedCall,
+    ToolCallFormat,
+    split_reasoning,
+    tool_call_format,
+)
 from rlfleet_trainer.batch import Trajectory
 from rlfleet_trainer.clients import (
     GenerationFailed,
@@ -156,8 +161,9 @@ class AgentRollout:
                     await self._turns(prompt, sample_index, sampling, episode, growing, started)
             except TimeoutError:
                 growing.truncated = True
+            answer, reasoning = split_reasoning(growing.last_text)
             score = await self.episodes.close(
-                episode.episode_id, growing.last_text, growing.model_tokens
+                episode.episode_id, answer, reasoning, growing.model_tokens
             )
             scored = True
         finally:
@@ -244,7 +250,7 @@ class AgentRollout:
             if result.finish_reason != rollout_pb2.FINISH_REASON_STOP:
                 growing.truncated = True  # cut by a token limit: no complete call to run
                 return
-            calls = self.format.parse(growing.last_text)
+            calls = self.format.parse(split_reasoning(growing.last_text)[0])
             if not calls:
                 return  # the final answer
             if turn == self.limits.max_turns - 1:

@@ -17,6 +17,20 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(answer, reasoning) of one model turn with an optional `<think>...</think>` part.
+    Tool calls are read from the answer only: a call the model merely considered while
+    reasoning is not made. A turn that opened `<think>` and never closed it has no answer.
+    (The reward gateway splits a final answer the same way.)"""
+    if "</think>" in text:
+        reasoning, _, answer = text.rpartition("</think>")
+        return answer.strip(), reasoning.replace("<think>", "", 1).strip()
+    if "<think>" in text:
+        before, _, reasoning = text.partition("<think>")
+        return before.strip(), reasoning.strip()
+    return text, ""
+
+
 @dataclass(frozen=True)
 class ParsedCall:
     name: str
