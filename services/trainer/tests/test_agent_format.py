@@ -232,3 +232,21 @@ def test_bad_multi_turn_settings_name_the_key(section: dict[str, Any], field: st
         RecipeConfig.model_validate({"multi_turn": section})
     [error] = caught.value.errors()
     assert ".".join(str(p) for p in error["loc"]) == field
+
+
+def test_trajectories_must_fit_the_training_context() -> None:
+    from pydantic import ValidationError
+    from rlfleet_contracts.recipe import RecipeConfig
+
+    with pytest.raises(ValidationError, match=r"multi_turn\.max_trajectory_tokens \(4096\) must"):
+        RecipeConfig.model_validate(
+            {
+                "multi_turn": {"max_trajectory_tokens": 4096},
+                "policy": {"max_total_sequence_length": 2048},
+            }
+        )
+    fits = {
+        "multi_turn": {"max_trajectory_tokens": 2048},
+        "policy": {"max_total_sequence_length": 2048},
+    }
+    assert RecipeConfig.model_validate(fits).multi_turn.max_trajectory_tokens == 2048

@@ -365,6 +365,17 @@ class RecipeConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _trajectories_fit_context(self) -> RecipeConfig:
+        cap, context = self.multi_turn.max_trajectory_tokens, self.policy.max_total_sequence_length
+        if cap is not None and cap > context:
+            raise ValueError(
+                f"multi_turn.max_trajectory_tokens ({cap}) must be <= "
+                f"policy.max_total_sequence_length ({context}): the trainer trains whole "
+                "trajectories; lower the one or raise the other"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _algorithm_rules(self) -> RecipeConfig:
         g = self.grpo
         if g.importance_weight_min > g.importance_weight_max:
