@@ -5,8 +5,8 @@ checked at load time with messages that name the fields and the fix.
 
 Sections: `grpo` (the algorithm), `generation` (sampling on the rollout service), `policy`
 (model, backend, optimizer, parallelism), `data` (prompt rows), `reasoning` (chat-template
-switches, the low-effort schedule), `services` (where rollout and reward live, how weights
-travel), `checkpoint` (where and how often).
+switches, the low-effort schedule), `multi_turn` (agentic environments), `services` (where
+rollout and reward live, how weights travel), `checkpoint` (where and how often).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
 from rlfleet_core.models import check_model_reference
 
+from rlfleet_contracts.multiturn import MultiTurnConfig
 from rlfleet_contracts.reasoning import ReasoningConfig
 
 
@@ -338,6 +339,8 @@ class RecipeConfig(ConfigModel):
     data: DataConfig = DataConfig()
     reasoning: ReasoningConfig = ReasoningConfig()
     """Chat-template switches and the low-effort schedule (rlfleet_contracts.reasoning)."""
+    multi_turn: MultiTurnConfig = MultiTurnConfig()
+    """Multi-turn (agentic) environments and trajectory limits (rlfleet_contracts.multiturn)."""
     services: ServicesConfig = ServicesConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()
@@ -358,6 +361,17 @@ class RecipeConfig(ConfigModel):
                 f"generation.max_new_tokens ({self.generation.max_new_tokens}) must be smaller "
                 f"than policy.max_total_sequence_length ({self.policy.max_total_sequence_length}) "
                 "to leave room for the prompt; lower one or raise the other"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _trajectories_fit_context(self) -> RecipeConfig:
+        cap, context = self.multi_turn.max_trajectory_tokens, self.policy.max_total_sequence_length
+        if cap is not None and cap > context:
+            raise ValueError(
+                f"multi_turn.max_trajectory_tokens ({cap}) must be <= "
+                f"policy.max_total_sequence_length ({context}): the trainer trains whole "
+                "trajectories; lower the one or raise the other"
             )
         return self
 

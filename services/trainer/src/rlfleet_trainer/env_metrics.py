@@ -55,7 +55,7 @@ def env_metrics(groups: Sequence[PromptGroup]) -> dict[str, float]:
             float(r >= FULL_REWARD - REWARD_TIE) for r in rewards
         )
         metrics[f"{env}/gen_tokens_per_sample/mean"] = statistics.fmean(
-            len(s.token_ids) for s in samples
+            s.num_generated for s in samples
         )
         metrics[f"{env}/truncation_rate"] = statistics.fmean(float(s.truncated) for s in samples)
         metrics[f"{env}/frac_reward_zero_std"] = statistics.fmean(

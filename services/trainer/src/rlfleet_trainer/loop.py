@@ -122,6 +122,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
         ctx.rollout,
         ctx.reward,
         lambda ids: ctx.tokenizer.decode(ids, skip_special_tokens=True),
+        ctx.tokenizer,
     )
     state = await restore_or_start(ctx, ledger, collector, resume)
     loss_config = LossConfig.from_recipe(recipe)

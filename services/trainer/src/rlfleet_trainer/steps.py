@@ -102,7 +102,7 @@ def data_metrics(groups: Sequence[PromptGroup], current_version: int) -> dict[st
     for s in samples:
         by_env[s.env].append(s.reward)
     lags = [current_version - s.weight_version for s in samples]
-    lengths = [len(s.token_ids) for s in samples]
+    lengths = [s.num_generated for s in samples]
     metrics = {
         "reward/mean": statistics.fmean(s.reward for s in samples),
         "frac_reward_zero_std": statistics.fmean(

@@ -298,12 +298,16 @@ def _make_service(config: ServiceConfig, servicer: Any, add: Any) -> _Service:
 
 @contextlib.asynccontextmanager
 async def serve_doubles(
-    model_path: Path, seed: int = 0, delay_per_token_s: float = 0.0
+    model_path: Path,
+    seed: int = 0,
+    delay_per_token_s: float = 0.0,
+    reward: DoubleReward | None = None,
 ) -> AsyncIterator[tuple[str, str, DoubleRollout, DoubleReward]]:
     """Start both doubles on free loopback ports; yields (rollout target, reward target,
-    rollout servicer, reward servicer)."""
+    rollout servicer, reward servicer). `reward`: a reward double of the caller's (e.g.
+    testing_agent.DoubleEpisodes, which also serves episodes)."""
     rollout = DoubleRollout(model_path, seed, delay_per_token_s)  # type: ignore[abstract]
-    reward = DoubleReward()  # type: ignore[abstract]
+    reward = reward or DoubleReward()  # type: ignore[abstract]
     servers = []
     for name, servicer, add, full_name in (
         (

@@ -6,6 +6,9 @@ whose every sample failed to score, is counted and left out; a sample whose rewa
 is left out of its prompt's mean (no group baseline here). More failed prompts than
 `grpo.max_failed_group_fraction` of the prompts stop the run (TooManyFailures), so a
 reward outage never passes for a measured reward.
+
+Prompts of multi-turn environments (`multi_turn.envs`) run through the agent loop, as in
+training; their held-out text is the whole exchange after the prompt.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from rlfleet_contracts.run_folder import StageFolder
+from rlfleet_proto.v1 import rollout_pb2
 
+from rlfleet_trainer.agent.rollout import AgentRollout, build_agent
 from rlfleet_trainer.algorithms import REWARD_TIE
-from rlfleet_trainer.clients import CallFailed, GroupScores, Sampling
+from rlfleet_trainer.clients import CallFailed, GroupScores, Sampling, Score
 from rlfleet_trainer.collector import TooManyFailures
+from rlfleet_trainer.data import Prompt
 from rlfleet_trainer.env_metrics import FULL_REWARD
 
 if TYPE_CHECKING:
@@ -80,23 +86,31 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
     tag = label or "val"
     samples: list[dict[str, Any]] = []
 
+    agent = build_agent(ctx.recipe, ctx.rollout, ctx.reward, ctx.tokenizer)
+
     async def one(index: int) -> _PromptResult:
         prompt = val_source.prompt_at(index)
         n = g.val_samples_per_prompt
         try:
-            results = await ctx.rollout.generate(
-                f"{tag}-{index}", prompt.token_ids, n, sampling.capped(prompt.max_tokens)
-            )
-            texts = [
-                ctx.tokenizer.decode(list(r.token_ids), skip_special_tokens=True) for r in results
-            ]
-            group = await ctx.reward.score_samples(
-                f"{tag}-{index}",
-                prompt.env,
-                prompt.row_json,
-                texts,
-                [len(r.token_ids) for r in results],
-            )
+            if agent is not None and agent.handles(prompt.env):
+                results, texts, group = await _multi_turn(
+                    agent, replace(prompt, prompt_id=f"{tag}-{index}"), n, sampling
+                )
+            else:
+                results = await ctx.rollout.generate(
+                    f"{tag}-{index}", prompt.token_ids, n, sampling.capped(prompt.max_tokens)
+                )
+                texts = [
+                    ctx.tokenizer.decode(list(r.token_ids), skip_special_tokens=True)
+                    for r in results
+                ]
+                group = await ctx.reward.score_samples(
+                    f"{tag}-{index}",
+                    prompt.env,
+                    prompt.row_json,
+                    texts,
+                    [len(r.token_ids) for r in results],
+                )
         except CallFailed as exc:
             logger.warning("held-out prompt %d failed: %s", index, exc)
             return _PromptResult(prompt.env, None, n)
@@ -121,6 +135,24 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
         lines = "".join(json.dumps(s) + "\n" for s in samples)
         ctx.folder.heldout_samples(label).write_text(lines, encoding="utf-8")
     return _summarise(results, g.max_failed_group_fraction, tag)
+
+
+async def _multi_turn(
+    agent: AgentRollout, prompt: Prompt, n: int, sampling: Sampling
+) -> tuple[list[rollout_pb2.GenerateResult], list[str], GroupScores]:
+    """A multi-turn prompt's held-out samples in the single-turn shapes: per trajectory its
+    model tokens (and newest turn's version), the whole exchange as text, its score."""
+    trajectories = await agent.group(prompt, n, sampling.capped(prompt.max_tokens))
+    results = [
+        rollout_pb2.GenerateResult(
+            token_ids=[t for t, m in zip(tr.token_ids, tr.loss_mask or [], strict=True) if m],
+            weight_version_last=max(tr.turn_weight_versions, default=0),
+        )
+        for tr in trajectories
+    ]
+    texts = [agent.decode(tr.token_ids) for tr in trajectories]
+    scores: list[Score | None] = [Score(tr.reward, tr.reward_masked) for tr in trajectories]
+    return results, texts, GroupScores(scores)
 
 
 def _sample_lines(

@@ -23,7 +23,11 @@ def build_engine(config: RolloutServiceConfig, model_path: Path) -> Engine:
         from rlfleet_rollout.engines.hf import HfEngine
 
         return HfEngine(config, model_path)
-    raise ValueError(f"engine {config.engine!r}: valid engines are vllm, hf")
+    if config.engine == "scripted":
+        from rlfleet_rollout.engines.scripted import ScriptedEngine
+
+        return ScriptedEngine(config, model_path)
+    raise ValueError(f"engine {config.engine!r}: valid engines are vllm, hf, scripted")
 
 
 __all__ = ["Engine", "build_engine"]
