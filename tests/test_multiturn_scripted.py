@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,13 +51,13 @@ def _serving(target: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def scripted_rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextmanager
+def scripted_rollout_service(folder: Path, turns: list[str]) -> Iterator[str]:
+    """The real rollout service replaying `turns` (engine=scripted); yields its target."""
     from rlfleet_core.models import resolve_model
 
-    folder = tmp_path_factory.mktemp("scripted")
     script = folder / "script.jsonl"
-    script.write_text("".join(json.dumps({"text": t}) + "\n" for t in SCRIPT))
+    script.write_text("".join(json.dumps({"text": t}) + "\n" for t in turns))
     log = folder / "rollout.log"
     process, ports = spawn_bound(
         [
@@ -87,6 +89,12 @@ def scripted_rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture(scope="module")
+def scripted_rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with scripted_rollout_service(tmp_path_factory.mktemp("scripted"), SCRIPT) as target:
+        yield target
 
 
 def kv_prompt(goal: dict[str, Any]) -> Prompt:

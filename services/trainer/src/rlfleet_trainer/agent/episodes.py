@@ -6,9 +6,11 @@ dropped instead, as for any failed group."""
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Any
 
 from grpc import aio
+from rlfleet_core.auth import CLIENT_KEY_HEADER
 from rlfleet_proto.v1 import reward_pb2
 
 from rlfleet_trainer.clients import TRANSIENT_CODES, RewardClient, RewardFailed, Score
@@ -21,6 +23,9 @@ class EpisodeClient:
         self.reward = reward
         """Shares the reward client's channel."""
         self.timeout_s = timeout_s
+        # Episodes belong to the key that opened them (the gateway answers NOT_FOUND to
+        # any other caller): one random key per trainer process, never logged.
+        self.metadata = ((CLIENT_KEY_HEADER, secrets.token_urlsafe(32)),)
 
     @property
     def stub(self) -> Any:
@@ -43,7 +48,7 @@ class EpisodeClient:
         request = reward_pb2.OpenEpisodeRequest(request_id=request_id, env=env, row_json=row_json)
         try:
             episode: reward_pb2.Episode = await self.stub.OpenEpisode(
-                request, timeout=self.timeout_s
+                request, metadata=self.metadata, timeout=self.timeout_s
             )
         except aio.AioRpcError as exc:
             raise self._failed(f"OpenEpisode {request_id} ({env})", exc) from None
@@ -58,7 +63,7 @@ class EpisodeClient:
         request = reward_pb2.StepRequest(episode_id=episode_id, calls=calls)
         try:
             result: reward_pb2.StepResult = await self.stub.Step(
-                request, timeout=self._deadline(remaining_s)
+                request, metadata=self.metadata, timeout=self._deadline(remaining_s)
             )
         except aio.AioRpcError as exc:
             raise self._failed(f"Step {episode_id}", exc) from None
@@ -80,7 +85,9 @@ class EpisodeClient:
             ),
         )
         try:
-            result = await self.stub.CloseEpisode(request, timeout=self.timeout_s)
+            result = await self.stub.CloseEpisode(
+                request, metadata=self.metadata, timeout=self.timeout_s
+            )
         except aio.AioRpcError as exc:
             raise self._failed(f"CloseEpisode {episode_id}", exc) from None
         if result.failure_kind != reward_pb2.FAILURE_KIND_NONE:
