@@ -76,6 +76,7 @@ def crash_hook(point: str, step: int, rank: int | None = None) -> None:
     if wanted in (f"{point}:{step}:{rank}", *((f"{point}:{step}",) if rank == 0 else ())):
         if raise_instead:  # a rank that fails with an error rather than dying
             raise RuntimeError(f"test crash at {point} of step {step} on rank {rank}")
+        print(f"test crash: SIGKILL at {point} of step {step} on rank {rank}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
