@@ -1,6 +1,4 @@
-"""The swe-runner's gRPC face. No RPC is built yet: each raises NotImplementedError, which
-the shared error interceptor (rlfleet_core.interceptors) answers as UNIMPLEMENTED naming
-the RPC."""
+"""The swe-runner's gRPC face."""
 
 from __future__ import annotations
 
@@ -9,9 +7,14 @@ from typing import Any
 from grpc import aio
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
 
+from rlfleet_swe.evaluate import Evaluator
+
 
 class SweRunnerServicer(swe_pb2_grpc.SweRunnerServiceServicer):
+    def __init__(self, evaluator: Evaluator) -> None:
+        self.evaluator = evaluator
+
     async def Evaluate(
         self, request: swe_pb2.EvaluateRequest, context: aio.ServicerContext[Any, Any]
     ) -> swe_pb2.EvaluateResult:
-        raise NotImplementedError
+        return await self.evaluator.evaluate(request)
