@@ -77,6 +77,7 @@ def request_for(instance: SweInstance, patch: str, **overrides: object) -> swe_p
 
 def host_checkout(instance: SweInstance, tmp: Path) -> Path:
     """The instance's repository at base_commit on the host (to write patches against)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     snapshot = bundled_instances_dir() / "repos" / f"{instance.instance_id}.patch"
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlfleet_core.client import connect
 from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
@@ -154,3 +155,14 @@ async def test_full_queue_is_resource_exhausted(images: object, runner_label: st
         results = await asyncio.gather(first, second)
         assert [r.status for r in results] == [swe_pb2.EVAL_STATUS_TIMEOUT] * 2
     assert labelled(runner_label) == []
+
+
+async def test_health_is_serving(images: object, runner_label: str) -> None:
+    async with (
+        running_service(SERVICE, [*SMALL, f"eval.runner_label={runner_label}"]) as running,
+        connect(f"127.0.0.1:{running.grpc_port}") as channel,
+    ):
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="rlfleet.v1.SweRunnerService"), timeout=10
+        )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -61,7 +61,7 @@ async def run_cmd(argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[
 
 
 async def _run_with_watchdog(
-    argv: list[str], stdin: bytes, timeout: float, on_deadline: object
+    argv: list[str], stdin: bytes, timeout: float, on_deadline: object, max_output: int
 ) -> RunResult:
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -70,15 +70,30 @@ async def _run_with_watchdog(
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
+    tail = bytearray()
+
+    async def talk() -> None:
+        assert proc.stdin and proc.stdout
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(stdin)
+            await proc.stdin.drain()
+            proc.stdin.close()
+        # Only the end is kept (pytest's summary is there): a test printing without end
+        # must not fill the service's memory.
+        while chunk := await proc.stdout.read(1 << 16):
+            tail.extend(chunk)
+            del tail[: max(0, len(tail) - max_output)]
+        await proc.wait()
+
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(stdin), timeout)
-        return RunResult(proc.returncode, out, timed_out=False)
+        await asyncio.wait_for(talk(), timeout)
+        return RunResult(proc.returncode, bytes(tail), timed_out=False)
     except TimeoutError:
         await on_deadline()  # type: ignore[operator]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
-        return RunResult(None, b"", timed_out=True)
+        return RunResult(None, bytes(tail), timed_out=True)
     finally:
         if proc.returncode is None:  # cancelled (client gone): still end it
             with contextlib.suppress(ProcessLookupError):
@@ -137,7 +152,11 @@ class DockerBackend:
 
         try:
             return await _run_with_watchdog(
-                self.command(name, image, workdir, limits, argv), stdin, timeout, kill
+                self.command(name, image, workdir, limits, argv),
+                stdin,
+                timeout,
+                kill,
+                self.config.max_output_bytes,
             )
         finally:
             # --rm removes it on a normal exit; this covers a killed or cancelled call.
@@ -175,7 +194,11 @@ class ApptainerBackend:
             return None
 
         return await _run_with_watchdog(
-            self.command("", image, workdir, limits, argv), stdin, timeout, nothing
+            self.command("", image, workdir, limits, argv),
+            stdin,
+            timeout,
+            nothing,
+            self.config.max_output_bytes,
         )
 
     async def remove_stale(self) -> int:

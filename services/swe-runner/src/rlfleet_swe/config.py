@@ -41,6 +41,10 @@ class EvalConfig(ConfigModel):
     """Calls waiting for a slot; beyond that RESOURCE_EXHAUSTED."""
     max_patch_bytes: int = Field(4 << 20, ge=1024)
     """Largest `patch` / `test_patch` accepted."""
+    max_output_bytes: int = Field(8 << 20, ge=1 << 16)
+    """How much of a container's output the service keeps (the end of it, where pytest's
+    summary is); output beyond this is dropped, so a test that prints without end costs
+    no memory."""
     log_tail_bytes: int = Field(16384, ge=256)
     """How much of the end of the output `EvaluateResult.log_tail` keeps."""
     runner_label: str = Field("swe-runner", pattern=r"^[A-Za-z0-9_.-]{1,64}$")

@@ -108,11 +108,12 @@ class Evaluator:
             which = next(m for m in markers if m.startswith("apply-failed")).split()[-1]
             result.status = swe_pb2.EVAL_STATUS_PATCH_FAILED
             result.error = f"{which} does not apply (git apply)"
-        elif "tests-start" not in markers:
+        elif not any(m.startswith("tests-exit") for m in markers):
             result.status = swe_pb2.EVAL_STATUS_INFRA_ERROR
             result.error = f"the container did not run the tests (exit {run.returncode})"
         else:
-            tests_output = output.split(MARKER + "tests-start", 1)[1]
+            # The start marker may be cut off when the output was longer than kept.
+            tests_output = output.rsplit(MARKER + "tests-start", 1)[-1]
             resolved, tests = score(
                 parse_pytest(tests_output), list(request.fail_to_pass), list(request.pass_to_pass)
             )
