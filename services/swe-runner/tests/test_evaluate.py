@@ -78,6 +78,7 @@ async def test_patch_that_does_not_apply(stub: swe_pb2_grpc.SweRunnerServiceStub
         ("instance_id", ""),
         ("image", ""),
         ("image", "-rm"),
+        ("image", "/images/x.sif"),
         ("workdir", "relative"),
         ("test_command", " "),
         ("fail_to_pass", []),

@@ -17,6 +17,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,6 +42,9 @@ class RunResult:
     timed_out: bool
 
 
+OnDeadline = Callable[[asyncio.subprocess.Process], Awaitable[None]]
+
+
 async def run_cmd(argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[int, bytes]:
     """Run a short host command (docker ps/kill/rm) with a deadline; (rc, stdout+stderr)."""
     proc = await asyncio.create_subprocess_exec(
@@ -61,7 +65,7 @@ async def run_cmd(argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[
 
 
 async def _run_with_watchdog(
-    argv: list[str], stdin: bytes, timeout: float, on_deadline: object, max_output: int
+    argv: list[str], stdin: bytes, timeout: float, on_deadline: OnDeadline, max_output: int
 ) -> RunResult:
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -89,7 +93,7 @@ async def _run_with_watchdog(
         await asyncio.wait_for(talk(), timeout)
         return RunResult(proc.returncode, bytes(tail), timed_out=False)
     except TimeoutError:
-        await on_deadline()  # type: ignore[operator]
+        await on_deadline(proc)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
@@ -146,7 +150,8 @@ class DockerBackend:
                   stdin: bytes, timeout: float) -> RunResult:  # fmt: skip
         name = f"rlfleet-swe-{secrets.token_hex(8)}"
 
-        async def kill() -> None:
+        async def kill(proc: asyncio.subprocess.Process) -> None:
+            del proc
             with contextlib.suppress(TimeoutError):
                 await run_cmd([self.config.docker, "kill", name], self.config.docker_call_timeout_s)
 
@@ -190,14 +195,18 @@ class ApptainerBackend:
 
     async def run(self, image: str, workdir: str, limits: Limits, argv: list[str],
                   stdin: bytes, timeout: float) -> RunResult:  # fmt: skip
-        async def nothing() -> None:
-            return None
+        async def stop(proc: asyncio.subprocess.Process) -> None:
+            # SIGTERM first so apptainer tears its container down, then the group is killed.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), self.config.kill_grace_s)
 
         return await _run_with_watchdog(
             self.command("", image, workdir, limits, argv),
             stdin,
             timeout,
-            nothing,
+            stop,
             self.config.max_output_bytes,
         )
 

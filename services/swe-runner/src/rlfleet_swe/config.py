@@ -35,6 +35,9 @@ class EvalConfig(ConfigModel):
     docker_call_timeout_s: float = Field(60.0, gt=0)
     """Deadline of each docker/apptainer call other than the tests themselves (start,
     kill, remove, list)."""
+    kill_grace_s: float = Field(5.0, gt=0)
+    """apptainer: time between SIGTERM and SIGKILL of a container's process group at the
+    deadline."""
     max_concurrent: int = Field(4, ge=1)
     """Calls running at once; more wait in a queue."""
     max_queued: int = Field(64, ge=0)

@@ -20,6 +20,7 @@ from rlfleet_swe.results import parse_pytest, score
 
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9_.:/+-]{1,256}$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,511}$")
+_SIF = re.compile(r"^/[^\x00-\x1f]{1,4095}$")
 
 
 class Admission:
@@ -49,11 +50,13 @@ def _check(request: swe_pb2.EvaluateRequest, config: EvalConfig) -> tuple[float,
     if not _INSTANCE_ID.match(request.instance_id):
         raise InvalidArgument("instance_id", f"use 1-256 of A-Z a-z 0-9 _ . : / + -, got "
                               f"{request.instance_id[:80]!r}")  # fmt: skip
-    if not _IMAGE.match(request.image):
-        raise InvalidArgument("image", f"must be an image name or .sif path, got "
+    if config.backend == "apptainer":
+        if not _SIF.match(request.image):
+            raise InvalidArgument("image", f"the apptainer backend needs an absolute .sif path, "
+                                  f"got {request.image[:80]!r}")  # fmt: skip
+    elif not _IMAGE.match(request.image):
+        raise InvalidArgument("image", f"must be a docker image name, got "
                               f"{request.image[:80]!r}")  # fmt: skip
-    if config.backend == "apptainer" and not request.image.startswith("/"):
-        raise InvalidArgument("image", "the apptainer backend needs an absolute .sif path")
     if not request.workdir.startswith("/") or "\x00" in request.workdir:
         raise InvalidArgument("workdir", f"must be an absolute path, got {request.workdir!r}")
     if not request.test_command.strip():
