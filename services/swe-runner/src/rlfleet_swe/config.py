@@ -55,7 +55,28 @@ class EvalConfig(ConfigModel):
     service removes leftover containers carrying it (from a crash)."""
 
 
+class SessionsConfig(ConfigModel):
+    """Agent mode: sessions in a running container of the instance's image (docker backend;
+    limits as in `eval`: memory, CPUs, processes, no network)."""
+
+    max_sessions: int = Field(16, ge=1)
+    """Sessions open at once; one more is RESOURCE_EXHAUSTED."""
+    idle_timeout_s: float = Field(1800.0, gt=0)
+    """A session unused this long is closed (SWE2's agent timeout is 1800 s)."""
+    max_idle_timeout_s: float = Field(7200.0, gt=0)
+    """Upper bound on a request's `idle_timeout_s`."""
+    reap_interval_s: float = Field(5.0, gt=0)
+    """How often idle sessions are looked for."""
+    command_timeout_s: float = Field(300.0, gt=0)
+    """Default time limit of one tool call (SWE2: 300 s per command)."""
+    max_command_timeout_s: float = Field(1800.0, gt=0)
+    """Upper bound on a request's `timeout_s`."""
+    max_output_bytes: int = Field(65536, ge=1024)
+    """A tool's output is cut to its last this many characters."""
+
+
 class SweRunnerServiceConfig(ServiceConfig):
     """Settings of the swe-runner service (`server.*` is shared by every service)."""
 
     eval: EvalConfig = EvalConfig()
+    sessions: SessionsConfig = SessionsConfig()

@@ -13,6 +13,7 @@ from rlfleet_swe.backends import make_backend
 from rlfleet_swe.config import SweRunnerServiceConfig
 from rlfleet_swe.evaluate import Evaluator
 from rlfleet_swe.grpc_face import SweRunnerServicer
+from rlfleet_swe.sessions import SessionManager
 
 logger = logging.getLogger(__name__)
 
@@ -22,16 +23,21 @@ class SweRunnerService(BaseService):
         self.config = config
         self.backend = make_backend(config.eval)
         self.evaluator = Evaluator(config.eval, self.backend)
+        self.sessions = SessionManager(config.eval, config.sessions)
 
     def add_to_server(self, server: aio.Server) -> None:
         swe_pb2_grpc.add_SweRunnerServiceServicer_to_server(
-            SweRunnerServicer(self.evaluator), server
+            SweRunnerServicer(self.evaluator, self.sessions), server
         )
 
     async def start(self) -> None:
         removed = await self.backend.remove_stale()
         if removed:
             logger.info("removed %d leftover swe-runner containers", removed)
+        await self.sessions.start()
+
+    async def stop(self) -> None:
+        await self.sessions.stop()
 
 
 SERVICE = ServiceDefinition(
