@@ -167,3 +167,31 @@ async def test_health_is_serving(images: object, runner_label: str) -> None:
             health_pb2.HealthCheckRequest(service="rlfleet.v1.SweRunnerService"), timeout=10
         )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_a_queued_call_past_its_deadline_leaves_the_queue(
+    images: object, runner_label: str
+) -> None:
+    overrides = [*SMALL, f"eval.runner_label={runner_label}", "eval.max_concurrent=1",
+                 "eval.max_queued=1"]  # fmt: skip
+    instance = INSTANCES["rlfleet__tinystats-1"]
+    slow = request_for(instance, "", test_command="sleep 600", timeout_s=6)
+    async with (
+        running_service(SERVICE, overrides) as running,
+        connect(f"127.0.0.1:{running.grpc_port}") as channel,
+    ):
+        stub = swe_pb2_grpc.SweRunnerServiceStub(channel)
+
+        async def call(deadline: float) -> swe_pb2.EvaluateResult:
+            return await stub.Evaluate(slow, timeout=deadline)
+
+        first = asyncio.create_task(call(60))
+        await asyncio.sleep(1.0)
+        with pytest.raises(aio.AioRpcError) as info:
+            await call(1.0)  # queued behind `first` until its deadline
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.sleep(0.5)
+        second = asyncio.create_task(call(60))  # the queue has room again
+        results = await asyncio.gather(first, second)
+        assert [r.status for r in results] == [swe_pb2.EVAL_STATUS_TIMEOUT] * 2
+    assert labelled(runner_label) == []
