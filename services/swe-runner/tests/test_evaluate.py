@@ -195,3 +195,27 @@ async def test_a_queued_call_past_its_deadline_leaves_the_queue(
         results = await asyncio.gather(first, second)
         assert [r.status for r in results] == [swe_pb2.EVAL_STATUS_TIMEOUT] * 2
     assert labelled(runner_label) == []
+
+
+async def test_without_a_docker_cli_the_service_serves_and_says_so(runner_label: str) -> None:
+    overrides = [*SMALL, "eval.docker=/nonexistent/docker", f"eval.runner_label={runner_label}"]
+    instance = INSTANCES["rlfleet__tinystats-1"]
+    async with (
+        running_service(SERVICE, overrides) as running,
+        connect(f"127.0.0.1:{running.grpc_port}") as channel,
+    ):
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="rlfleet.v1.SweRunnerService"), timeout=10
+        )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        stub = swe_pb2_grpc.SweRunnerServiceStub(channel)
+        result = await stub.Evaluate(request_for(instance, instance.patch), timeout=30)
+        assert result.status == swe_pb2.EVAL_STATUS_INFRA_ERROR
+        assert "/nonexistent/docker" in result.log_tail
+        opening = swe_pb2.SweOpenSessionRequest(image=instance.image, workdir=instance.workdir)
+        with pytest.raises(aio.AioRpcError) as info:
+            await stub.OpenSweSession(
+                opening, metadata=(("x-rlfleet-client-key", "k" * 20),), timeout=30
+            )
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "eval.docker" in (info.value.details() or "")

@@ -67,13 +67,16 @@ async def run_cmd(argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[
 async def _run_with_watchdog(
     argv: list[str], stdin: bytes, timeout: float, on_deadline: OnDeadline, max_output: int
 ) -> RunResult:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as error:  # the container CLI is missing: an infra error, not a crash
+        return RunResult(127, f"cannot run {argv[0]}: {error}".encode(), timed_out=False)
     tail = bytearray()
 
     async def talk() -> None:
@@ -142,7 +145,7 @@ class DockerBackend:
                 if rc != 0:
                     return
                 await asyncio.sleep(0.1)
-        except TimeoutError:
+        except (TimeoutError, OSError):
             pass
         logger.warning("container %s not removed in time; the next start removes it", name)
 
@@ -152,7 +155,7 @@ class DockerBackend:
 
         async def kill(proc: asyncio.subprocess.Process) -> None:
             del proc
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(TimeoutError, OSError):
                 await run_cmd([self.config.docker, "kill", name], self.config.docker_call_timeout_s)
 
         try:

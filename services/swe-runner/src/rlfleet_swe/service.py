@@ -31,9 +31,15 @@ class SweRunnerService(BaseService):
         )
 
     async def start(self) -> None:
-        removed = await self.backend.remove_stale()
-        if removed:
-            logger.info("removed %d leftover swe-runner containers", removed)
+        # Without a container engine the service still serves: each call then reports
+        # EVAL_STATUS_INFRA_ERROR (or UNAVAILABLE for sessions) naming what is missing.
+        try:
+            removed = await self.backend.remove_stale()
+        except (OSError, TimeoutError) as error:
+            logger.warning("could not look for leftover containers: %s", error)
+        else:
+            if removed:
+                logger.info("removed %d leftover swe-runner containers", removed)
         await self.sessions.start()
 
     async def stop(self) -> None:

@@ -22,7 +22,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted
+from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from rlfleet_proto.v1 import swe_pb2
 
 from rlfleet_swe.backends import RUNNER_LABEL, run_cmd
@@ -120,7 +120,7 @@ class SessionManager:
         self._opening += 1
         try:
             name = f"rlfleet-swe-s-{secrets.token_hex(8)}"
-            rc, out = await run_cmd([
+            rc, out = await self._docker([
                 self.eval.docker, "run", "-d", "--rm", "--pull", "never", "--name", name,
                 "--label", f"{RUNNER_LABEL}={self.eval.runner_label}", "--network", "none",
                 "--memory", str(memory), "--memory-swap", str(memory),
@@ -141,6 +141,14 @@ class SessionManager:
         finally:
             self._opening -= 1
 
+    async def _docker(self, argv: list[str], timeout: float) -> tuple[int, bytes]:
+        try:
+            return await run_cmd(argv, timeout)
+        except OSError as error:
+            raise Unavailable(f"cannot run {argv[0]} (eval.docker): {error}") from error
+        except TimeoutError as error:
+            raise Unavailable(f"{argv[0]} {argv[1]} did not answer in {timeout:g} s") from error
+
     def get(self, owner: str, session_id: str) -> Session:
         session = self._sessions.get((owner, session_id))
         if session is None:
@@ -154,7 +162,7 @@ class SessionManager:
             await self._close(session)
 
     async def _close(self, session: Session) -> None:
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError, OSError):
             await run_cmd([self.eval.docker, "rm", "-f", session.container],
                           self.eval.docker_call_timeout_s)  # fmt: skip
 
