@@ -147,3 +147,19 @@ async def test_endless_output_is_bounded(stub: swe_pb2_grpc.SweRunnerServiceStub
     assert result.status == swe_pb2.EVAL_STATUS_COMPLETED, result.error
     assert result.resolved
     assert len(result.log_tail) <= 16384
+
+
+async def test_memory_hog_is_capped(
+    stub: swe_pb2_grpc.SweRunnerServiceStub, tmp_path: Path
+) -> None:
+    # 1 GiB under the tests' 256 MiB cap (eval.memory_bytes): the kernel's OOM killer ends it.
+    attack = (
+        "    blocks = []\n"
+        "    for _ in range(1024):\n"
+        "        blocks.append(bytearray(1 << 20))\n"
+        "    worked = True\n"
+    )
+    result = await stub.Evaluate(request_for(INSTANCE, hostile(tmp_path, attack), timeout_s=60),
+                                 timeout=120)  # fmt: skip
+    assert not result.resolved, result.log_tail
+    assert result.status in (swe_pb2.EVAL_STATUS_COMPLETED, swe_pb2.EVAL_STATUS_INFRA_ERROR)

@@ -64,3 +64,22 @@ def test_the_wheel_ships_the_instances(tmp_path: Path) -> None:
     assert prefix + "instances.jsonl" in names
     for row in load_instances(FOLDER / "instances.jsonl"):
         assert f"{prefix}repos/{row.instance_id}.patch" in names
+
+
+def test_a_swe_bench_row_loads() -> None:
+    # Field names and encodings as in SWE-bench's published rows (extra fields are ignored).
+    row = {
+        "repo": "astropy/astropy", "instance_id": "astropy__astropy-12907",
+        "base_commit": "d16bfe05a744909de4b27f5875fe0d4ed41ce607", "patch": "diff --git a/x b/x\n",
+        "test_patch": "diff --git a/t b/t\n", "problem_statement": "...", "hints_text": "",
+        "created_at": "2022-03-03T15:14:54Z", "version": "4.3",
+        "FAIL_TO_PASS": '["astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]"]',
+        "PASS_TO_PASS": '["astropy/modeling/tests/test_separable.py::test_coord_matrix"]',
+        "environment_setup_commit": "298ccb478e6bf092953bca67a3d29dc6c35f6752",
+    }  # fmt: skip
+    instance = SweInstance.model_validate(row)
+    assert instance.fail_to_pass == [
+        "astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]"
+    ]
+    assert instance.pass_to_pass == ["astropy/modeling/tests/test_separable.py::test_coord_matrix"]
+    assert instance.workdir == "/testbed" and instance.image == ""
