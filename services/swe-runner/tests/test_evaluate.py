@@ -25,6 +25,7 @@ BREAKS = {
     "rlfleet__tinystats-1": ("tinystats/core.py", ("max(values) - min(values)", "max(values)")),
     "rlfleet__slugkit-1": ("slugkit/text.py", ("text[: width - 1]", "text[:width]")),
     "rlfleet__intervals-1": ("intervals/ops.py", ("sum(end - start", "sum(end - start + 1")),
+    "rlfleet__wordfreq-1": ("wordfreq/tokens.py", ('r"[A-Za-z]+"', 'r"[A-Za-z,]+"')),
 }
 PASSED = swe_pb2.TEST_OUTCOME_PASSED
 

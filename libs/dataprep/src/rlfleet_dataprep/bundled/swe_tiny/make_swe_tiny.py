@@ -180,6 +180,55 @@ def test_total_length_touching():
     assert total_length([(0, 2), (2, 4)]) == 4
 """
 
+WORDS_TOKENS = '''"""Splitting text into words."""
+
+import re
+
+PATTERN = re.compile(r"[A-Za-z]+")
+
+
+def words(text):
+    return re.findall(PATTERN, text)
+'''
+WORDS_TOKENS_FIXED = WORDS_TOKENS.replace(
+    "    return re.findall(PATTERN, text)\n",
+    "    return [word.lower() for word in re.findall(PATTERN, text)]\n",
+)
+WORDS_COUNTER = '''"""Word frequencies."""
+
+from collections import Counter
+
+from wordfreq.tokens import words
+
+
+def top_words(text, n):
+    counts = Counter(words(text))
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n]
+'''
+WORDS_TESTS = """from wordfreq.counter import top_words
+from wordfreq.tokens import words
+
+
+def test_words_split_on_punctuation():
+    assert words("a,b c") == ["a", "b", "c"]
+
+
+def test_top_words_orders_by_count_then_word():
+    assert top_words("b a b c a b", 2) == [("b", 3), ("a", 2)]
+
+
+def test_top_words_empty():
+    assert top_words("", 3) == []
+"""
+WORDS_NEW_TESTS = (
+    WORDS_TESTS
+    + """
+
+def test_top_words_ignores_case():
+    assert top_words("The cat saw the dog. THE end.", 1) == [("the", 3)]
+"""
+)
+
 INSTANCES: list[dict[str, Any]] = [
     {
         "instance_id": "rlfleet__tinystats-1",
@@ -219,6 +268,20 @@ INSTANCES: list[dict[str, Any]] = [
         },
         "fix": {"intervals/ops.py": INTERVALS_FIXED},
         "tests": {"tests/test_intervals_touching.py": INTERVALS_NEW_TESTS},
+    },
+    {
+        "instance_id": "rlfleet__wordfreq-1",
+        "repo": "rlfleet/wordfreq",
+        "problem_statement": "top_words() counts 'The' and 'the' as different words; word "
+        "counts should ignore case (and report words in lower case).",
+        "base": {
+            "wordfreq/__init__.py": "",
+            "wordfreq/tokens.py": WORDS_TOKENS,
+            "wordfreq/counter.py": WORDS_COUNTER,
+            "tests/test_counter.py": WORDS_TESTS,
+        },
+        "fix": {"wordfreq/tokens.py": WORDS_TOKENS_FIXED},
+        "tests": {"tests/test_counter.py": WORDS_NEW_TESTS},
     },
 ]
 
