@@ -107,3 +107,39 @@ async def test_relative_image_is_refused(apptainer_stub: swe_pb2_grpc.SweRunnerS
         await apptainer_stub.Evaluate(request, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (info.value.details() or "").startswith("image:")
+
+
+async def test_agent_session_under_fake_apptainer(
+    apptainer_stub: swe_pb2_grpc.SweRunnerServiceStub, tmp_path: Path, runner_label: str
+) -> None:
+    instance = INSTANCES["rlfleet__tinystats-1"]
+    key = (("x-rlfleet-client-key", "a" * 24),)
+    opened = await apptainer_stub.OpenSweSession(
+        swe_pb2.SweOpenSessionRequest(image=sif_for(tmp_path, instance.image),
+                                      workdir=instance.workdir, base_commit=instance.base_commit),
+        metadata=key, timeout=60,
+    )  # fmt: skip
+    assert len(labelled(runner_label)) == 1
+
+    async def run(**fields: object) -> swe_pb2.SweRunToolReply:
+        request = swe_pb2.SweRunToolRequest(session_id=opened.session_id, **fields)  # type: ignore[arg-type]
+        return await apptainer_stub.RunSweTool(request, metadata=key, timeout=60)
+
+    assert (await run(tool=swe_pb2.SWE_TOOL_BASH, command="pwd")).output.strip() == "/testbed"
+    edited = await run(tool=swe_pb2.SWE_TOOL_EDIT, path="tinystats/core.py",
+                       old_str="max(values) - min(values)", new_str="max(values) - min(values) + 0")  # fmt: skip
+    assert not edited.error, edited.output
+    submitted = await run(tool=swe_pb2.SWE_TOOL_SUBMIT)
+    assert "+    return max(values) - min(values) + 0" in submitted.patch
+    await apptainer_stub.CloseSweSession(
+        swe_pb2.SweCloseSessionRequest(session_id=opened.session_id), metadata=key, timeout=60
+    )
+    assert labelled(runner_label) == []
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert calls[0][:-1] == [
+        "instance", "start", "--containall", "--writable-tmpfs", "--cleanenv",
+        "--net", "--network", "none", "--memory", "268435456", "--memory-swap", "268435456",
+        "--cpus", "1", "--pids-limit", "64", sif_for(tmp_path, instance.image),
+    ]  # fmt: skip
+    assert calls[-1][:2] == ["instance", "stop"]
+    assert all(call[3].startswith("instance://") for call in calls[1:-1])

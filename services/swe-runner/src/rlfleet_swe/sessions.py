@@ -1,5 +1,6 @@
-"""Agent mode: a session is a running container of an instance's image (docker backend),
-where the policy's tools run: bash (with a per-command time limit), view, edit, submit.
+"""Agent mode: a session is a running container of an instance's image (a docker container
+or an apptainer instance), where the policy's tools run: bash (with a per-command time
+limit), view, edit, submit.
 At submit the patch is `git diff` of the work tree against base_commit; the caller scores
 it with `Evaluate` (a fresh container), so nothing the agent left behind is scored.
 
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 CLIENT_KEY_HEADER = "x-rlfleet-client-key"
 _CLIENT_KEY = re.compile(r"^[\x21-\x7e]{16,256}$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,511}$")
+_SIF = re.compile(r"^/[^\x00-\x1f]{1,4095}$")
 _COMMIT = re.compile(r"^([0-9a-f]{7,64})?$")
 # Runs inside the container: str_replace of exactly one occurrence, or a whole-file write.
 _EDIT = r"""
@@ -98,7 +100,11 @@ class SessionManager:
             await self._close(self._sessions.pop(key))
 
     async def open(self, owner: str, request: swe_pb2.SweOpenSessionRequest) -> Session:
-        if not _IMAGE.match(request.image):
+        if self.eval.backend == "apptainer":
+            if not _SIF.match(request.image):
+                raise InvalidArgument("image", f"the apptainer backend needs an absolute .sif "
+                                      f"path, got {request.image[:80]!r}")  # fmt: skip
+        elif not _IMAGE.match(request.image):
             raise InvalidArgument(
                 "image", f"must be a docker image name, got {request.image[:80]!r}"
             )
@@ -120,19 +126,13 @@ class SessionManager:
         self._opening += 1
         try:
             name = f"rlfleet-swe-s-{secrets.token_hex(8)}"
-            rc, out = await self._docker([
-                self.eval.docker, "run", "-d", "--rm", "--pull", "never", "--name", name,
-                "--label", f"{RUNNER_LABEL}={self.eval.runner_label}", "--network", "none",
-                "--memory", str(memory), "--memory-swap", str(memory),
-                "--cpus", f"{self.eval.cpus:g}", "--pids-limit", str(self.eval.pids_limit),
-                "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                "--workdir", request.workdir, "--entrypoint", "sleep", request.image, "infinity",
-            ], self.eval.docker_call_timeout_s)  # fmt: skip
+            rc, out = await self._docker(
+                self._start_argv(name, request.image, request.workdir, memory),
+                self.eval.docker_call_timeout_s,
+            )
             if rc != 0:
                 with contextlib.suppress(TimeoutError):
-                    await run_cmd(
-                        [self.eval.docker, "rm", "-f", name], self.eval.docker_call_timeout_s
-                    )
+                    await run_cmd(self._stop_argv(name), self.eval.docker_call_timeout_s)
                 raise InvalidArgument("image", f"container did not start: {out.decode()[-500:]}")
             session = Session(owner, secrets.token_hex(16), name, request.workdir,
                               request.base_commit or "HEAD", idle)  # fmt: skip
@@ -141,11 +141,40 @@ class SessionManager:
         finally:
             self._opening -= 1
 
+    def _start_argv(self, name: str, image: str, workdir: str, memory: int) -> list[str]:
+        """The command that starts a session's container, kept running until stopped.
+        apptainer: a named instance (`apptainer instance start`) with the flags Evaluate's
+        `apptainer exec` uses."""
+        caps = ["--memory", str(memory), "--memory-swap", str(memory),
+                "--cpus", f"{self.eval.cpus:g}", "--pids-limit", str(self.eval.pids_limit)]  # fmt: skip
+        if self.eval.backend == "apptainer":
+            return [self.eval.apptainer, "instance", "start", "--containall", "--writable-tmpfs",
+                    "--cleanenv", "--net", "--network", "none", *caps, image, name]  # fmt: skip
+        return [
+            self.eval.docker, "run", "-d", "--rm", "--pull", "never", "--name", name,
+            "--label", f"{RUNNER_LABEL}={self.eval.runner_label}", "--network", "none", *caps,
+            "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--workdir", workdir, "--entrypoint", "sleep", image, "infinity",
+        ]  # fmt: skip
+
+    def _exec_prefix(self, session: Session) -> list[str]:
+        if self.eval.backend == "apptainer":
+            return [self.eval.apptainer, "exec", "--pwd", session.workdir,
+                    f"instance://{session.container}"]  # fmt: skip
+        return [self.eval.docker, "exec", "-i", "--workdir", session.workdir, session.container]
+
+    def _stop_argv(self, name: str) -> list[str]:
+        if self.eval.backend == "apptainer":
+            return [self.eval.apptainer, "instance", "stop", name]
+        return [self.eval.docker, "rm", "-f", name]
+
     async def _docker(self, argv: list[str], timeout: float) -> tuple[int, bytes]:
         try:
             return await run_cmd(argv, timeout)
         except OSError as error:
-            raise Unavailable(f"cannot run {argv[0]} (eval.docker): {error}") from error
+            raise Unavailable(
+                f"cannot run {argv[0]} (eval.{self.eval.backend}): {error}"
+            ) from error
         except TimeoutError as error:
             raise Unavailable(f"{argv[0]} {argv[1]} did not answer in {timeout:g} s") from error
 
@@ -163,8 +192,7 @@ class SessionManager:
 
     async def _close(self, session: Session) -> None:
         with contextlib.suppress(TimeoutError, OSError):
-            await run_cmd([self.eval.docker, "rm", "-f", session.container],
-                          self.eval.docker_call_timeout_s)  # fmt: skip
+            await run_cmd(self._stop_argv(session.container), self.eval.docker_call_timeout_s)
 
     async def _reap_idle(self) -> None:
         while True:
@@ -180,8 +208,7 @@ class SessionManager:
                     keep: int | None = None) -> tuple[int, str, bool]:  # fmt: skip
         """Run argv in the session's container; the command is killed inside the container
         at `timeout` (coreutils timeout), and the docker call has a deadline past that."""
-        command = [self.eval.docker, "exec", "-i", "--workdir", session.workdir,
-                   session.container, "timeout", "-s", "KILL", f"{timeout:g}", *argv]  # fmt: skip
+        command = [*self._exec_prefix(session), "timeout", "-s", "KILL", f"{timeout:g}", *argv]
         try:
             rc, out = await run_cmd(command, timeout + self.eval.docker_call_timeout_s, stdin)
         except TimeoutError:
