@@ -22,7 +22,7 @@ from swe_testlib import SMALL, instances, labelled, request_for
 INSTANCE = {i.instance_id: i for i in instances()}["rlfleet__tinystats-1"]
 KEY = (("x-rlfleet-client-key", "k" * 8 + secrets.token_hex(8)),)
 OTHER = (("x-rlfleet-client-key", "o" * 8 + secrets.token_hex(8)),)
-SESSIONS = ["sessions.max_sessions=2", "sessions.reap_interval_s=0.5",
+SESSIONS = ["sessions.max_sessions=3", "sessions.max_sessions_per_client=2", "sessions.reap_interval_s=0.5",
             "sessions.command_timeout_s=20"]  # fmt: skip
 
 
@@ -39,12 +39,16 @@ async def stub(
     assert labelled(runner_label) == [], "containers left behind"
 
 
-async def open_session(stub: swe_pb2_grpc.SweRunnerServiceStub, **kw: object) -> str:
+async def open_session(
+    stub: swe_pb2_grpc.SweRunnerServiceStub,
+    metadata: tuple[tuple[str, str], ...] = KEY,
+    **kw: object,
+) -> str:
     request = swe_pb2.SweOpenSessionRequest(
         instance_id=INSTANCE.instance_id, image=INSTANCE.image, workdir=INSTANCE.workdir,
         base_commit=INSTANCE.base_commit, **kw,  # type: ignore[arg-type]
     )  # fmt: skip
-    reply = await stub.OpenSweSession(request, metadata=KEY, timeout=60)
+    reply = await stub.OpenSweSession(request, metadata=metadata, timeout=60)
     return reply.session_id
 
 
@@ -116,9 +120,11 @@ async def test_idle_sessions_close_and_the_limit_holds(
 ) -> None:
     first = await open_session(stub, idle_timeout_s=1.0)
     await open_session(stub, idle_timeout_s=1.0)
+    await open_session(stub, OTHER, idle_timeout_s=1.0)
     with pytest.raises(aio.AioRpcError) as info:
-        await open_session(stub)
+        await open_session(stub, OTHER)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "(sessions.max_sessions)" in (info.value.details() or "")
     for _ in range(100):
         if not labelled(runner_label):
             break
@@ -147,3 +153,20 @@ async def test_bad_tool_calls_name_the_field(
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (info.value.details() or "").startswith(f"{name}:")
     await stub.CloseSweSession(swe_pb2.SweCloseSessionRequest(session_id=session), metadata=KEY)
+
+
+async def test_one_client_cannot_take_every_session(
+    stub: swe_pb2_grpc.SweRunnerServiceStub,
+) -> None:
+    mine = [await open_session(stub), await open_session(stub)]
+    with pytest.raises(aio.AioRpcError) as info:
+        await open_session(stub)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_sessions_per_client" in (info.value.details() or "")
+    request = swe_pb2.SweOpenSessionRequest(image=INSTANCE.image, workdir=INSTANCE.workdir)
+    other = await stub.OpenSweSession(request, metadata=OTHER, timeout=60)
+    for session in mine:
+        await stub.CloseSweSession(swe_pb2.SweCloseSessionRequest(session_id=session), metadata=KEY)
+    await stub.CloseSweSession(
+        swe_pb2.SweCloseSessionRequest(session_id=other.session_id), metadata=OTHER
+    )

@@ -61,6 +61,8 @@ class SessionsConfig(ConfigModel):
 
     max_sessions: int = Field(16, ge=1)
     """Sessions open at once; one more is RESOURCE_EXHAUSTED."""
+    max_sessions_per_client: int = Field(8, ge=1)
+    """Sessions one client key may hold open at once (so one client cannot take them all)."""
     idle_timeout_s: float = Field(1800.0, gt=0)
     """A session unused this long is closed (SWE2's agent timeout is 1800 s)."""
     max_idle_timeout_s: float = Field(7200.0, gt=0)

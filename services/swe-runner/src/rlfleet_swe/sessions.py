@@ -123,6 +123,12 @@ class SessionManager:
         if len(self._sessions) + self._opening >= self.config.max_sessions:
             raise ResourceExhausted(f"{self.config.max_sessions} SWE sessions are open "
                                     "(sessions.max_sessions); close one or retry later")  # fmt: skip
+        if (
+            sum(1 for key in self._sessions if key[0] == owner)
+            >= self.config.max_sessions_per_client
+        ):
+            raise ResourceExhausted(f"this client has {self.config.max_sessions_per_client} SWE "
+                                    "sessions open (sessions.max_sessions_per_client)")  # fmt: skip
         self._opening += 1
         try:
             name = f"rlfleet-swe-s-{secrets.token_hex(8)}"
