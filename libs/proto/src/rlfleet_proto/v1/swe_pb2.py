@@ -24,23 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlfleet/v1/swe.proto\x12\nrlfleet.v1\"\xd4\x01\n\x0f\x45valuateRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12\r\n\x05patch\x18\x04 \x01(\t\x12\x12\n\ntest_patch\x18\x05 \x01(\t\x12\x14\n\x0ctest_command\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x61il_to_pass\x18\x07 \x03(\t\x12\x14\n\x0cpass_to_pass\x18\x08 \x03(\t\x12\x11\n\ttimeout_s\x18\t \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\n \x01(\x03\"V\n\nTestResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.rlfleet.v1.TestOutcome\x12\x10\n\x08required\x18\x03 \x01(\x08\"\xbb\x01\n\x0e\x45valuateResult\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.rlfleet.v1.EvalStatus\x12\x10\n\x08resolved\x18\x03 \x01(\x08\x12%\n\x05tests\x18\x04 \x03(\x0b\x32\x16.rlfleet.v1.TestResult\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x10\n\x08log_tail\x18\x06 \x01(\t\x12\x12\n\nduration_s\x18\x07 \x01(\x01*\xa9\x01\n\x0bTestOutcome\x12\x1c\n\x18TEST_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13TEST_OUTCOME_PASSED\x10\x01\x12\x17\n\x13TEST_OUTCOME_FAILED\x10\x02\x12\x16\n\x12TEST_OUTCOME_ERROR\x10\x03\x12\x18\n\x14TEST_OUTCOME_SKIPPED\x10\x04\x12\x18\n\x14TEST_OUTCOME_MISSING\x10\x05*\x98\x01\n\nEvalStatus\x12\x1b\n\x17\x45VAL_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45VAL_STATUS_COMPLETED\x10\x01\x12\x1c\n\x18\x45VAL_STATUS_PATCH_FAILED\x10\x02\x12\x17\n\x13\x45VAL_STATUS_TIMEOUT\x10\x03\x12\x1b\n\x17\x45VAL_STATUS_INFRA_ERROR\x10\x04\x32W\n\x10SweRunnerService\x12\x43\n\x08\x45valuate\x12\x1b.rlfleet.v1.EvaluateRequest\x1a\x1a.rlfleet.v1.EvaluateResultb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlfleet/v1/swe.proto\x12\nrlfleet.v1\"\xd4\x01\n\x0f\x45valuateRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12\r\n\x05patch\x18\x04 \x01(\t\x12\x12\n\ntest_patch\x18\x05 \x01(\t\x12\x14\n\x0ctest_command\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x61il_to_pass\x18\x07 \x03(\t\x12\x14\n\x0cpass_to_pass\x18\x08 \x03(\t\x12\x11\n\ttimeout_s\x18\t \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\n \x01(\x03\"V\n\nTestResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.rlfleet.v1.TestOutcome\x12\x10\n\x08required\x18\x03 \x01(\x08\"\xbb\x01\n\x0e\x45valuateResult\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.rlfleet.v1.EvalStatus\x12\x10\n\x08resolved\x18\x03 \x01(\x08\x12%\n\x05tests\x18\x04 \x03(\x0b\x32\x16.rlfleet.v1.TestResult\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x10\n\x08log_tail\x18\x06 \x01(\t\x12\x12\n\nduration_s\x18\x07 \x01(\x01\"\x8f\x01\n\x15SweOpenSessionRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12\x13\n\x0b\x62\x61se_commit\x18\x04 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x03\x12\x16\n\x0eidle_timeout_s\x18\x06 \x01(\x01\")\n\x13SweOpenSessionReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x9e\x01\n\x11SweRunToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x04tool\x18\x02 \x01(\x0e\x32\x13.rlfleet.v1.SweTool\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07old_str\x18\x05 \x01(\t\x12\x0f\n\x07new_str\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\"e\n\x0fSweRunToolReply\x12\x0e\n\x06output\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\x08\x12\r\n\x05patch\x18\x05 \x01(\t\",\n\x16SweCloseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14SweCloseSessionReply*\xa9\x01\n\x0bTestOutcome\x12\x1c\n\x18TEST_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13TEST_OUTCOME_PASSED\x10\x01\x12\x17\n\x13TEST_OUTCOME_FAILED\x10\x02\x12\x16\n\x12TEST_OUTCOME_ERROR\x10\x03\x12\x18\n\x14TEST_OUTCOME_SKIPPED\x10\x04\x12\x18\n\x14TEST_OUTCOME_MISSING\x10\x05*\x98\x01\n\nEvalStatus\x12\x1b\n\x17\x45VAL_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45VAL_STATUS_COMPLETED\x10\x01\x12\x1c\n\x18\x45VAL_STATUS_PATCH_FAILED\x10\x02\x12\x17\n\x13\x45VAL_STATUS_TIMEOUT\x10\x03\x12\x1b\n\x17\x45VAL_STATUS_INFRA_ERROR\x10\x04*q\n\x07SweTool\x12\x18\n\x14SWE_TOOL_UNSPECIFIED\x10\x00\x12\x11\n\rSWE_TOOL_BASH\x10\x01\x12\x11\n\rSWE_TOOL_VIEW\x10\x02\x12\x11\n\rSWE_TOOL_EDIT\x10\x03\x12\x13\n\x0fSWE_TOOL_SUBMIT\x10\x04\x32\xd0\x02\n\x10SweRunnerService\x12\x43\n\x08\x45valuate\x12\x1b.rlfleet.v1.EvaluateRequest\x1a\x1a.rlfleet.v1.EvaluateResult\x12T\n\x0eOpenSweSession\x12!.rlfleet.v1.SweOpenSessionRequest\x1a\x1f.rlfleet.v1.SweOpenSessionReply\x12H\n\nRunSweTool\x12\x1d.rlfleet.v1.SweRunToolRequest\x1a\x1b.rlfleet.v1.SweRunToolReply\x12W\n\x0f\x43loseSweSession\x12\".rlfleet.v1.SweCloseSessionRequest\x1a .rlfleet.v1.SweCloseSessionReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlfleet.v1.swe_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TESTOUTCOME']._serialized_start=530
-  _globals['_TESTOUTCOME']._serialized_end=699
-  _globals['_EVALSTATUS']._serialized_start=702
-  _globals['_EVALSTATUS']._serialized_end=854
+  _globals['_TESTOUTCOME']._serialized_start=1053
+  _globals['_TESTOUTCOME']._serialized_end=1222
+  _globals['_EVALSTATUS']._serialized_start=1225
+  _globals['_EVALSTATUS']._serialized_end=1377
+  _globals['_SWETOOL']._serialized_start=1379
+  _globals['_SWETOOL']._serialized_end=1492
   _globals['_EVALUATEREQUEST']._serialized_start=37
   _globals['_EVALUATEREQUEST']._serialized_end=249
   _globals['_TESTRESULT']._serialized_start=251
   _globals['_TESTRESULT']._serialized_end=337
   _globals['_EVALUATERESULT']._serialized_start=340
   _globals['_EVALUATERESULT']._serialized_end=527
-  _globals['_SWERUNNERSERVICE']._serialized_start=856
-  _globals['_SWERUNNERSERVICE']._serialized_end=943
+  _globals['_SWEOPENSESSIONREQUEST']._serialized_start=530
+  _globals['_SWEOPENSESSIONREQUEST']._serialized_end=673
+  _globals['_SWEOPENSESSIONREPLY']._serialized_start=675
+  _globals['_SWEOPENSESSIONREPLY']._serialized_end=716
+  _globals['_SWERUNTOOLREQUEST']._serialized_start=719
+  _globals['_SWERUNTOOLREQUEST']._serialized_end=877
+  _globals['_SWERUNTOOLREPLY']._serialized_start=879
+  _globals['_SWERUNTOOLREPLY']._serialized_end=980
+  _globals['_SWECLOSESESSIONREQUEST']._serialized_start=982
+  _globals['_SWECLOSESESSIONREQUEST']._serialized_end=1026
+  _globals['_SWECLOSESESSIONREPLY']._serialized_start=1028
+  _globals['_SWECLOSESESSIONREPLY']._serialized_end=1050
+  _globals['_SWERUNNERSERVICE']._serialized_start=1495
+  _globals['_SWERUNNERSERVICE']._serialized_end=1831
 # @@protoc_insertion_point(module_scope)

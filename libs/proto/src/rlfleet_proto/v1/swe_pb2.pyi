@@ -71,6 +71,39 @@ EVAL_STATUS_INFRA_ERROR: EvalStatus.ValueType  # 4
 """container could not start, image missing, ..."""
 Global___EvalStatus: _TypeAlias = EvalStatus  # noqa: Y015
 
+class _SweTool:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SweToolEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SweTool.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SWE_TOOL_UNSPECIFIED: _SweTool.ValueType  # 0
+    SWE_TOOL_BASH: _SweTool.ValueType  # 1
+    """run `command` with bash in workdir"""
+    SWE_TOOL_VIEW: _SweTool.ValueType  # 2
+    """show `path` with line numbers (a directory: its listing)"""
+    SWE_TOOL_EDIT: _SweTool.ValueType  # 3
+    """replace the one occurrence of `old_str` in `path` by `new_str`;"""
+    SWE_TOOL_SUBMIT: _SweTool.ValueType  # 4
+    """an empty `old_str` writes `new_str` as the whole file
+    end the episode: the reply's `patch` is the diff against base_commit
+    """
+
+class SweTool(_SweTool, metaclass=_SweToolEnumTypeWrapper): ...
+
+SWE_TOOL_UNSPECIFIED: SweTool.ValueType  # 0
+SWE_TOOL_BASH: SweTool.ValueType  # 1
+"""run `command` with bash in workdir"""
+SWE_TOOL_VIEW: SweTool.ValueType  # 2
+"""show `path` with line numbers (a directory: its listing)"""
+SWE_TOOL_EDIT: SweTool.ValueType  # 3
+"""replace the one occurrence of `old_str` in `path` by `new_str`;"""
+SWE_TOOL_SUBMIT: SweTool.ValueType  # 4
+"""an empty `old_str` writes `new_str` as the whole file
+end the episode: the reply's `patch` is the diff against base_commit
+"""
+Global___SweTool: _TypeAlias = SweTool  # noqa: Y015
+
 @_typing.final
 class EvaluateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -192,3 +225,167 @@ class EvaluateResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EvaluateResult: _TypeAlias = EvaluateResult  # noqa: Y015
+
+@_typing.final
+class SweOpenSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    WORKDIR_FIELD_NUMBER: _builtins.int
+    BASE_COMMIT_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    instance_id: _builtins.str
+    image: _builtins.str
+    """docker image name"""
+    workdir: _builtins.str
+    """repository root inside the image"""
+    base_commit: _builtins.str
+    """the submitted patch is `git diff` against it ("" = HEAD)"""
+    memory_bytes: _builtins.int
+    """0 = the service's default"""
+    idle_timeout_s: _builtins.float
+    """0 = the service's default"""
+    def __init__(
+        self,
+        *,
+        instance_id: _builtins.str = ...,
+        image: _builtins.str = ...,
+        workdir: _builtins.str = ...,
+        base_commit: _builtins.str = ...,
+        memory_bytes: _builtins.int = ...,
+        idle_timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_commit", b"base_commit", "idle_timeout_s", b"idle_timeout_s", "image", b"image", "instance_id", b"instance_id", "memory_bytes", b"memory_bytes", "workdir", b"workdir"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweOpenSessionRequest: _TypeAlias = SweOpenSessionRequest  # noqa: Y015
+
+@_typing.final
+class SweOpenSessionReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweOpenSessionReply: _TypeAlias = SweOpenSessionReply  # noqa: Y015
+
+@_typing.final
+class SweRunToolRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    OLD_STR_FIELD_NUMBER: _builtins.int
+    NEW_STR_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    tool: Global___SweTool.ValueType
+    command: _builtins.str
+    path: _builtins.str
+    old_str: _builtins.str
+    new_str: _builtins.str
+    timeout_s: _builtins.float
+    """per-command time limit; 0 = the service's default"""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        tool: Global___SweTool.ValueType = ...,
+        command: _builtins.str = ...,
+        path: _builtins.str = ...,
+        old_str: _builtins.str = ...,
+        new_str: _builtins.str = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "new_str", b"new_str", "old_str", b"old_str", "path", b"path", "session_id", b"session_id", "timeout_s", b"timeout_s", "tool", b"tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweRunToolRequest: _TypeAlias = SweRunToolRequest  # noqa: Y015
+
+@_typing.final
+class SweRunToolReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    TIMED_OUT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    PATCH_FIELD_NUMBER: _builtins.int
+    output: _builtins.str
+    """stdout and stderr (the end of it when long), or the tool's error"""
+    exit_code: _builtins.int
+    timed_out: _builtins.bool
+    error: _builtins.bool
+    """the tool refused the call (e.g. old_str not found); see output"""
+    patch: _builtins.str
+    """SWE_TOOL_SUBMIT: the unified diff of the session's changes"""
+    def __init__(
+        self,
+        *,
+        output: _builtins.str = ...,
+        exit_code: _builtins.int = ...,
+        timed_out: _builtins.bool = ...,
+        error: _builtins.bool = ...,
+        patch: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exit_code", b"exit_code", "output", b"output", "patch", b"patch", "timed_out", b"timed_out"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweRunToolReply: _TypeAlias = SweRunToolReply  # noqa: Y015
+
+@_typing.final
+class SweCloseSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweCloseSessionRequest: _TypeAlias = SweCloseSessionRequest  # noqa: Y015
+
+@_typing.final
+class SweCloseSessionReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweCloseSessionReply: _TypeAlias = SweCloseSessionReply  # noqa: Y015

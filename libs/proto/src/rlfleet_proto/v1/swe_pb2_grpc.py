@@ -39,12 +39,48 @@ class SweRunnerServiceStub:
                 request_serializer=rlfleet_dot_v1_dot_swe__pb2.EvaluateRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_swe__pb2.EvaluateResult.FromString,
                 _registered_method=True)
+        self.OpenSweSession = channel.unary_unary(
+                '/rlfleet.v1.SweRunnerService/OpenSweSession',
+                request_serializer=rlfleet_dot_v1_dot_swe__pb2.SweOpenSessionRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_swe__pb2.SweOpenSessionReply.FromString,
+                _registered_method=True)
+        self.RunSweTool = channel.unary_unary(
+                '/rlfleet.v1.SweRunnerService/RunSweTool',
+                request_serializer=rlfleet_dot_v1_dot_swe__pb2.SweRunToolRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_swe__pb2.SweRunToolReply.FromString,
+                _registered_method=True)
+        self.CloseSweSession = channel.unary_unary(
+                '/rlfleet.v1.SweRunnerService/CloseSweSession',
+                request_serializer=rlfleet_dot_v1_dot_swe__pb2.SweCloseSessionRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_swe__pb2.SweCloseSessionReply.FromString,
+                _registered_method=True)
 
 
 class SweRunnerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Evaluate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenSweSession(self, request, context):
+        """Agent mode: a session is a running container of the instance's image, owned by the
+        client key (`x-rlfleet-client-key` metadata) that opened it; another key's session is
+        NOT_FOUND. It closes on CloseSweSession or after its idle timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunSweTool(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSweSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +93,21 @@ def add_SweRunnerServiceServicer_to_server(servicer, server):
                     servicer.Evaluate,
                     request_deserializer=rlfleet_dot_v1_dot_swe__pb2.EvaluateRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_swe__pb2.EvaluateResult.SerializeToString,
+            ),
+            'OpenSweSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSweSession,
+                    request_deserializer=rlfleet_dot_v1_dot_swe__pb2.SweOpenSessionRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_swe__pb2.SweOpenSessionReply.SerializeToString,
+            ),
+            'RunSweTool': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunSweTool,
+                    request_deserializer=rlfleet_dot_v1_dot_swe__pb2.SweRunToolRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_swe__pb2.SweRunToolReply.SerializeToString,
+            ),
+            'CloseSweSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSweSession,
+                    request_deserializer=rlfleet_dot_v1_dot_swe__pb2.SweCloseSessionRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_swe__pb2.SweCloseSessionReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +137,87 @@ class SweRunnerService:
             '/rlfleet.v1.SweRunnerService/Evaluate',
             rlfleet_dot_v1_dot_swe__pb2.EvaluateRequest.SerializeToString,
             rlfleet_dot_v1_dot_swe__pb2.EvaluateResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSweSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.SweRunnerService/OpenSweSession',
+            rlfleet_dot_v1_dot_swe__pb2.SweOpenSessionRequest.SerializeToString,
+            rlfleet_dot_v1_dot_swe__pb2.SweOpenSessionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunSweTool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.SweRunnerService/RunSweTool',
+            rlfleet_dot_v1_dot_swe__pb2.SweRunToolRequest.SerializeToString,
+            rlfleet_dot_v1_dot_swe__pb2.SweRunToolReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSweSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.SweRunnerService/CloseSweSession',
+            rlfleet_dot_v1_dot_swe__pb2.SweCloseSessionRequest.SerializeToString,
+            rlfleet_dot_v1_dot_swe__pb2.SweCloseSessionReply.FromString,
             options,
             channel_credentials,
             insecure,

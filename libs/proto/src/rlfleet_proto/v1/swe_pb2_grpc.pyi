@@ -32,11 +32,25 @@ class SweRunnerServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SweRunnerServiceAsyncStub: ...
     Evaluate: _grpc.UnaryUnaryMultiCallable[_swe_pb2.EvaluateRequest, _swe_pb2.EvaluateResult]
+    OpenSweSession: _grpc.UnaryUnaryMultiCallable[_swe_pb2.SweOpenSessionRequest, _swe_pb2.SweOpenSessionReply]
+    """Agent mode: a session is a running container of the instance's image, owned by the
+    client key (`x-rlfleet-client-key` metadata) that opened it; another key's session is
+    NOT_FOUND. It closes on CloseSweSession or after its idle timeout.
+    """
+    RunSweTool: _grpc.UnaryUnaryMultiCallable[_swe_pb2.SweRunToolRequest, _swe_pb2.SweRunToolReply]
+    CloseSweSession: _grpc.UnaryUnaryMultiCallable[_swe_pb2.SweCloseSessionRequest, _swe_pb2.SweCloseSessionReply]
 
 @_typing.type_check_only
 class SweRunnerServiceAsyncStub(SweRunnerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Evaluate: _aio.UnaryUnaryMultiCallable[_swe_pb2.EvaluateRequest, _swe_pb2.EvaluateResult]  # type: ignore[assignment]
+    OpenSweSession: _aio.UnaryUnaryMultiCallable[_swe_pb2.SweOpenSessionRequest, _swe_pb2.SweOpenSessionReply]  # type: ignore[assignment]
+    """Agent mode: a session is a running container of the instance's image, owned by the
+    client key (`x-rlfleet-client-key` metadata) that opened it; another key's session is
+    NOT_FOUND. It closes on CloseSweSession or after its idle timeout.
+    """
+    RunSweTool: _aio.UnaryUnaryMultiCallable[_swe_pb2.SweRunToolRequest, _swe_pb2.SweRunToolReply]  # type: ignore[assignment]
+    CloseSweSession: _aio.UnaryUnaryMultiCallable[_swe_pb2.SweCloseSessionRequest, _swe_pb2.SweCloseSessionReply]  # type: ignore[assignment]
 
 class SweRunnerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -45,5 +59,30 @@ class SweRunnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _swe_pb2.EvaluateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_swe_pb2.EvaluateResult, _abc.Awaitable[_swe_pb2.EvaluateResult]]: ...
+
+    @_abc_1.abstractmethod
+    def OpenSweSession(
+        self,
+        request: _swe_pb2.SweOpenSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_swe_pb2.SweOpenSessionReply, _abc.Awaitable[_swe_pb2.SweOpenSessionReply]]:
+        """Agent mode: a session is a running container of the instance's image, owned by the
+        client key (`x-rlfleet-client-key` metadata) that opened it; another key's session is
+        NOT_FOUND. It closes on CloseSweSession or after its idle timeout.
+        """
+
+    @_abc_1.abstractmethod
+    def RunSweTool(
+        self,
+        request: _swe_pb2.SweRunToolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_swe_pb2.SweRunToolReply, _abc.Awaitable[_swe_pb2.SweRunToolReply]]: ...
+
+    @_abc_1.abstractmethod
+    def CloseSweSession(
+        self,
+        request: _swe_pb2.SweCloseSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_swe_pb2.SweCloseSessionReply, _abc.Awaitable[_swe_pb2.SweCloseSessionReply]]: ...
 
 def add_SweRunnerServiceServicer_to_server(servicer: SweRunnerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

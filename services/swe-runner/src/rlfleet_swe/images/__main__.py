@@ -1,0 +1,3 @@
+from rlfleet_swe.images import main
+
+main()

@@ -1,0 +1,102 @@
+"""Helpers of the swe-runner tests (conftest.py puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from rlfleet_proto.v1 import swe_pb2
+from rlfleet_swe.images import BASE_IMAGE, bundled_instances_dir
+from rlfleet_swe.instances import SweInstance, load_instances
+
+REQUIRE_DOCKER = "RLFLEET_REQUIRE_DOCKER"
+SMALL = [
+    "eval.test_timeout_s=120",
+    "eval.memory_bytes=268435456",
+    "eval.cpus=1",
+    "eval.pids_limit=64",
+    "eval.docker_call_timeout_s=30",
+]
+
+
+def _docker_problem() -> str | None:
+    try:
+        done = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
+    except FileNotFoundError:
+        return "no docker CLI"
+    except subprocess.TimeoutExpired:
+        return "docker info timed out"
+    if done.returncode != 0:
+        return done.stderr.strip()[-300:] or "docker info failed"
+    base = subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True,
+                          timeout=20, check=False)  # fmt: skip
+    if base.returncode != 0:
+        return f"no {BASE_IMAGE} image: run deploy/docker/build-base.sh"
+    return None
+
+
+def require_docker() -> None:
+    problem = _docker_problem()
+    if problem is None:
+        return
+    message = f"no usable Docker engine ({problem}); start one: dockerd --ip 127.0.0.1 &"
+    if os.environ.get(REQUIRE_DOCKER) == "1":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def instances() -> list[SweInstance]:
+    return load_instances(bundled_instances_dir() / "instances.jsonl")
+
+
+def labelled(label: str) -> list[str]:
+    done = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=rlfleet.swe.runner={label}"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return done.stdout.split()
+
+
+def request_for(instance: SweInstance, patch: str, **overrides: object) -> swe_pb2.EvaluateRequest:
+    fields: dict[str, object] = {
+        "instance_id": instance.instance_id,
+        "image": instance.image,
+        "workdir": instance.workdir,
+        "patch": patch,
+        "test_patch": instance.test_patch,
+        "test_command": instance.test_command,
+        "fail_to_pass": instance.fail_to_pass,
+        "pass_to_pass": instance.pass_to_pass,
+        "timeout_s": 120,
+    }
+    fields.update(overrides)
+    return swe_pb2.EvaluateRequest(**fields)  # type: ignore[arg-type]
+
+
+def host_checkout(instance: SweInstance, tmp: Path) -> Path:
+    """The instance's repository at base_commit on the host (to write patches against)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    snapshot = bundled_instances_dir() / "repos" / f"{instance.instance_id}.patch"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    for args in (["init", "-q"], ["apply", str(snapshot)], ["add", "-A"],
+                 ["-c", "commit.gpgsign=false", "commit", "-q", "-m", "base"]):  # fmt: skip
+        subprocess.run(["git", *args], cwd=tmp, env=env, check=True, timeout=30)
+    return tmp
+
+
+def diff_of(repo: Path, edits: dict[str, tuple[str, str]], patch: str = "") -> str:
+    """`patch` applied, then each file's (old -> new) text replacement, as one diff."""
+    if patch:
+        subprocess.run(["git", "apply", "-"], input=patch.encode(), cwd=repo, check=True,
+                       timeout=30)  # fmt: skip
+    for name, (old, new) in edits.items():
+        path = repo / name
+        text = path.read_text()
+        assert old in text, (name, old)
+        path.write_text(text.replace(old, new))
+    done = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True,
+                          check=True, timeout=30)  # fmt: skip
+    return done.stdout
