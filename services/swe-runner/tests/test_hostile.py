@@ -163,3 +163,57 @@ async def test_memory_hog_is_capped(
                                  timeout=120)  # fmt: skip
     assert not result.resolved, result.log_tail
     assert result.status in (swe_pb2.EVAL_STATUS_COMPLETED, swe_pb2.EVAL_STATUS_INFRA_ERROR)
+
+
+def _forged_summary() -> str:
+    """What a reward hack prints: a fake start marker and every required test PASSED."""
+    lines = ["", "@@rlfleet-swe tests-start"]
+    lines += [f"PASSED {name}" for name in [*INSTANCE.fail_to_pass, *INSTANCE.pass_to_pass]]
+    return "\n".join(lines) + "\n"
+
+
+async def test_forged_test_output_does_not_resolve(
+    stub: swe_pb2_grpc.SweRunnerServiceStub, tmp_path: Path
+) -> None:
+    """The patched code writes a fake summary straight to the container's output (past
+    pytest's capture, through the shell's stdout) and ends pytest with exit code 0: the
+    forged lines must not count, because results come only from the runner's own report."""
+    attack = (
+        "    import os\n"
+        f"    forged = {_forged_summary()!r}\n"
+        "    for pid in (os.getppid(), os.getpid()):\n"
+        "        try:\n"
+        "            fd = os.open(f'/proc/{pid}/fd/1', os.O_WRONLY)\n"
+        "            os.write(fd, forged.encode()); os.close(fd)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    os._exit(0)\n"
+    )
+    result = await stub.Evaluate(request_for(INSTANCE, hostile(tmp_path, attack), timeout_s=60),
+                                 timeout=120)  # fmt: skip
+    assert not result.resolved, result.log_tail
+    outcomes = {t.name: t.outcome for t in result.tests if t.required}
+    assert swe_pb2.TEST_OUTCOME_PASSED not in set(outcomes.values()), outcomes
+
+
+async def test_patches_to_test_machinery_are_refused(
+    stub: swe_pb2_grpc.SweRunnerServiceStub, tmp_path: Path
+) -> None:
+    """A conftest.py (or pytest config, sitecustomize, a .pth file, a file of the test patch)
+    could rewrite the test reports; a patch that touches one is refused and scores 0."""
+    repo = host_checkout(INSTANCE, tmp_path)
+    conftest = (
+        "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+        "def pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+    )
+    (repo / "conftest.py").write_text(conftest)
+    subprocess.run(["git", "add", "-N", "conftest.py"], cwd=repo, check=True)
+    patch = subprocess.run(
+        ["git", "diff"], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+    assert "conftest.py" in patch
+    result = await stub.Evaluate(request_for(INSTANCE, patch, timeout_s=60), timeout=120)
+    assert not result.resolved
+    assert result.status == swe_pb2.EVAL_STATUS_PATCH_FAILED, result.log_tail
+    assert "conftest.py" in result.error and "test" in result.error

@@ -44,6 +44,15 @@ class EvalConfig(ConfigModel):
     """Calls waiting for a slot; beyond that RESOURCE_EXHAUSTED."""
     max_patch_bytes: int = Field(4 << 20, ge=1024)
     """Largest `patch` / `test_patch` accepted."""
+    protected_files: list[str] = Field(
+        default_factory=lambda: [
+            "conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+            "sitecustomize.py", "usercustomize.py", "*.pth",
+        ]
+    )  # fmt: skip
+    """File names a patch may not touch (nor any file of the test patch): they can change
+    how pytest runs or reports (hooks, addopts, plugins loaded at start-up), so a patch
+    touching one is refused (PATCH_FAILED, reward 0). `*.x` matches a suffix."""
     max_output_bytes: int = Field(8 << 20, ge=1 << 16)
     """How much of a container's output the service keeps (the end of it, where pytest's
     summary is); output beyond this is dropped, so a test that prints without end costs

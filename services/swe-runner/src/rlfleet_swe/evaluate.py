@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import re
+import secrets
 import time
 
 from rlfleet_core.errors import InvalidArgument, ResourceExhausted
@@ -15,8 +16,8 @@ from rlfleet_proto.v1 import swe_pb2
 
 from rlfleet_swe.backends import Backend, Limits
 from rlfleet_swe.config import EvalConfig
-from rlfleet_swe.driver import DRIVER, MARKER
-from rlfleet_swe.results import parse_pytest, score
+from rlfleet_swe.driver import DRIVER, MARKER, REPORT_PLUGIN
+from rlfleet_swe.results import parse_report, score, touches_test_machinery
 
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9_.:/+-]{1,256}$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,511}$")
@@ -92,9 +93,22 @@ class Evaluator:
                    memory: int) -> swe_pb2.EvaluateResult:  # fmt: skip
         started = time.monotonic()
         result = swe_pb2.EvaluateResult(instance_id=request.instance_id)
+        touched = touches_test_machinery(
+            request.patch, request.test_patch, self.config.protected_files
+        )
+        if touched:
+            result.status = swe_pb2.EVAL_STATUS_PATCH_FAILED
+            result.error = (
+                f"the patch touches the test machinery ({', '.join(touched[:5])}): such files "
+                "can change how tests run or report, so the patch is refused "
+                "(eval.protected_files)"
+            )
+            return result
+        nonce = secrets.token_hex(16)
         payload = json.dumps({
             "workdir": request.workdir, "patch": request.patch,
             "test_patch": request.test_patch, "test_command": request.test_command,
+            "nonce": nonce, "plugin": REPORT_PLUGIN,
         }).encode()  # fmt: skip
         limits = Limits(memory, self.config.cpus, self.config.pids_limit)
         run = await self.backend.run(
@@ -103,7 +117,9 @@ class Evaluator:
         output = run.output.decode(errors="replace")
         result.log_tail = output[-self.config.log_tail_bytes :]
         result.duration_s = time.monotonic() - started
-        markers = [line[len(MARKER) :] for line in output.splitlines() if line.startswith(MARKER)]
+        # Only the driver's lines count: they carry this call's nonce (see driver.py).
+        ours = MARKER + nonce + " "
+        markers = [line[len(ours) :] for line in output.splitlines() if line.startswith(ours)]
         if run.timed_out:
             result.status = swe_pb2.EVAL_STATUS_TIMEOUT
             result.error = f"killed at the deadline ({timeout:g} s)"
@@ -115,10 +131,12 @@ class Evaluator:
             result.status = swe_pb2.EVAL_STATUS_INFRA_ERROR
             result.error = f"the container did not run the tests (exit {run.returncode})"
         else:
-            # The start marker may be cut off when the output was longer than kept.
-            tests_output = output.rsplit(MARKER + "tests-start", 1)[-1]
+            report = next((m[len("report ") :] for m in markers if m.startswith("report ")), "")
+            outcomes = parse_report(report)
+            if outcomes is None:
+                result.error = "the test run left no report (pytest did not finish)"
             resolved, tests = score(
-                parse_pytest(tests_output), list(request.fail_to_pass), list(request.pass_to_pass)
+                outcomes or {}, list(request.fail_to_pass), list(request.pass_to_pass)
             )
             result.status = swe_pb2.EVAL_STATUS_COMPLETED
             result.resolved = resolved

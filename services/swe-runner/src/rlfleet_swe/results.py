@@ -1,41 +1,72 @@
-"""Reading pytest's `-rA` summary into per-test outcomes, and scoring them."""
+"""Per-test outcomes from the report plugin (see driver.py), the test-machinery check on
+patches, and scoring."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
+from collections.abc import Iterable
 
 from rlfleet_proto.v1 import swe_pb2
 
-_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)")
 _OUTCOME = {
-    "PASSED": swe_pb2.TEST_OUTCOME_PASSED,
-    "XFAIL": swe_pb2.TEST_OUTCOME_PASSED,  # as SWE-bench's harness counts them
-    "XPASS": swe_pb2.TEST_OUTCOME_PASSED,
-    "FAILED": swe_pb2.TEST_OUTCOME_FAILED,
-    "ERROR": swe_pb2.TEST_OUTCOME_ERROR,
-    "SKIPPED": swe_pb2.TEST_OUTCOME_SKIPPED,
-}
-# When one test shows twice (passed, then errored in teardown), the worse outcome stays.
-_RANK = {
-    swe_pb2.TEST_OUTCOME_SKIPPED: 0,
-    swe_pb2.TEST_OUTCOME_PASSED: 1,
-    swe_pb2.TEST_OUTCOME_FAILED: 2,
-    swe_pb2.TEST_OUTCOME_ERROR: 3,
+    "passed": swe_pb2.TEST_OUTCOME_PASSED,
+    "failed": swe_pb2.TEST_OUTCOME_FAILED,
+    "error": swe_pb2.TEST_OUTCOME_ERROR,
+    "skipped": swe_pb2.TEST_OUTCOME_SKIPPED,
 }
 
 
-def parse_pytest(output: str) -> dict[str, swe_pb2.TestOutcome.ValueType]:
-    """Outcome per test id from pytest -rA output (the "short test summary info" lines)."""
-    seen: dict[str, swe_pb2.TestOutcome.ValueType] = {}
-    for line in output.splitlines():
-        match = _LINE.match(line)
-        if not match or match.group(2).startswith("["):  # "SKIPPED [1] file:line" has no id
-            continue
-        outcome = _OUTCOME[match.group(1)]
-        name = match.group(2)
-        if name not in seen or _RANK[outcome] > _RANK[seen[name]]:
-            seen[name] = outcome
-    return seen
+def parse_report(encoded: str) -> dict[str, swe_pb2.TestOutcome.ValueType] | None:
+    """Outcome per test id from the plugin's report (base64 of a JSON object); None when
+    the run left no readable report."""
+    try:
+        data = json.loads(base64.b64decode(encoded, validate=True) or b"null")
+    except (binascii.Error, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {
+        str(name): _OUTCOME[outcome]
+        for name, outcome in data.items()
+        if isinstance(outcome, str) and outcome in _OUTCOME
+    }
+
+
+_DIFF_PATHS = re.compile(
+    r"^(?:diff --git a/(\S+) b/(\S+)|(?:\+\+\+|---) (?:[ab]/)?(\S+)|(?:rename|copy) (?:from|to) (\S+))",
+    re.M,
+)
+
+
+def patch_paths(patch: str) -> set[str]:
+    """The repository paths a unified diff touches (both sides of renames and copies)."""
+    return {
+        path
+        for match in _DIFF_PATHS.finditer(patch)
+        for path in match.groups()
+        if path and path != "/dev/null"
+    }
+
+
+def touches_test_machinery(patch: str, test_patch: str, protected: Iterable[str]) -> list[str]:
+    """Paths of `patch` that could change how tests run or report: files the test patch
+    writes, and files whose name is in `protected` (conftest.py, pytest config,
+    sitecustomize, ...; `*.pth` style patterns match suffixes)."""
+    names = list(protected)
+    tests = patch_paths(test_patch)
+    hits = []
+    for path in sorted(patch_paths(patch)):
+        base = path.rsplit("/", 1)[-1]
+        if (
+            path in tests
+            or base in names
+            or any(n.startswith("*") and base.endswith(n[1:]) for n in names)
+        ):
+            hits.append(path)
+    return hits
 
 
 def score(
@@ -44,7 +75,7 @@ def score(
     pass_to_pass: list[str],
 ) -> tuple[bool, list[swe_pb2.TestResult]]:
     """(resolved, results): resolved = every required test passed; a required test absent
-    from the output is MISSING (and so not resolved)."""
+    from the report is MISSING (and so not resolved)."""
     required = list(dict.fromkeys([*fail_to_pass, *pass_to_pass]))
     results = [
         swe_pb2.TestResult(
