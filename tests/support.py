@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +187,35 @@ def ensure_images(*services: str) -> dict[str, float]:
         _image_build_s[service] = elapsed
         print(f"built rlfleet/{service}:latest in {elapsed:.0f} s")
     return dict(_image_build_s)
+
+
+@contextlib.contextmanager
+def sandbox_and_reward(
+    tmp: Path, reward_args: list[str], sandbox_args: list[str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]:
+    """The sandbox service (the test is skipped where it cannot run programs) and a reward
+    gateway wired to it (`reward_args` added, logs in `tmp`); yields (sandbox target,
+    reward process, reward target) and stops both."""
+    import grpc
+    from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+    sandbox, sandbox_target = start_service(
+        "rlfleet_sandbox", sandbox_args or [], tmp / "sandbox.log"
+    )
+    try:
+        with grpc.insecure_channel(sandbox_target) as channel:
+            probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
+                sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="print(1)"),
+                timeout=30,
+            )
+        if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
+            pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
+        reward, reward_target = start_service(
+            "rlfleet_reward", [*reward_args, f"sandbox.target={sandbox_target}"], tmp / "reward.log"
+        )
+        try:
+            yield sandbox_target, reward, reward_target
+        finally:
+            stop_service(reward)
+    finally:
+        stop_service(sandbox)

@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 import pytest
-from rlfleet_proto.v1 import reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
-from support import start_service, stop_service
+from rlfleet_proto.v1 import reward_pb2_grpc
+from support import sandbox_and_reward
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services/reward/tests"))
 from episode_support import Caller
@@ -30,36 +30,19 @@ pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is no
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[reward_pb2_grpc.RewardServiceStub]:
     tmp = tmp_path_factory.mktemp("episodes-sandbox")
     # Sessions of one client (the gateway) capped low, to see the cap reach the caller.
-    sandbox, sandbox_target = start_service(
-        "rlfleet_sandbox", ["sessions.max_sessions_per_client=3"], tmp / "sandbox.log"
-    )
-    try:
-        with grpc.insecure_channel(sandbox_target) as channel:
-            probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
-                sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="print(1)"),
-                timeout=30,
-            )
-        if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
-            pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
-        reward, reward_target = start_service(
-            "rlfleet_reward",
-            [
-                "environments=[math]",
-                "pool.workers=1",
-                f"sandbox.target={sandbox_target}",
-                "episodes.tool_timeout_s=8",
-                "episodes.max_output_chars=2000",
-                "episodes.max_state_bytes=65536",
-            ],
-            tmp / "reward.log",
-        )
-        try:
-            with grpc.insecure_channel(reward_target) as channel:
-                yield reward_pb2_grpc.RewardServiceStub(channel)
-        finally:
-            stop_service(reward)
-    finally:
-        stop_service(sandbox)
+    reward_args = [
+        "environments=[math]",
+        "pool.workers=1",
+        "episodes.tool_timeout_s=8",
+        "episodes.max_output_chars=2000",
+        "episodes.max_state_bytes=65536",
+    ]
+    sandbox_args = ["sessions.max_sessions_per_client=3"]
+    with (
+        sandbox_and_reward(tmp, reward_args, sandbox_args) as (_, _, target),
+        grpc.insecure_channel(target) as channel,
+    ):
+        yield reward_pb2_grpc.RewardServiceStub(channel)
 
 
 MATH = {"expected_answer": "145", "responses_create_params": {"input": "What is 12^2 + 1?"}}

