@@ -57,3 +57,14 @@ def test_other_errors_and_a_spent_deadline_are_not_retried(monkeypatch: pytest.M
     with pytest.raises(RuntimeError, match="timed out during startup"):
         _connect(short, 5, monkeypatch)
     assert short.calls == ["init", "shutdown"]
+
+
+def test_a_private_ray_is_started_outright(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`address=local` is passed to ray.init as `local`: with no address, Ray joins the
+    cluster this machine's last `ray start` recorded (another test's or job's) and then
+    refuses num_cpus (CI saw the rollout's pool fail so)."""
+    ray = _FlakyRay(failures=0)
+    seen: dict[str, Any] = {}
+    ray.init = lambda **kwargs: seen.update(kwargs)  # type: ignore[method-assign]
+    assert _connect(ray, 60, monkeypatch) is True
+    assert seen["address"] == "local"

@@ -77,6 +77,10 @@ async def connect(config: RayConfig) -> bool:
         # than ours on a loaded host; an operator's own setting is kept.
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(int(config.start_timeout_s)))
         kwargs: dict[str, Any] = {
+            # Said outright: with no address, ray.init joins whatever cluster RAY_ADDRESS or
+            # this machine's last `ray start` names (another test's, another job's), and then
+            # refuses num_cpus. `local` always starts this service's own instance.
+            "address": "local",
             "num_cpus": config.num_cpus,
             "object_store_memory": config.object_store_memory_bytes,
             "include_dashboard": False,
