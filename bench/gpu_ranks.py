@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -126,7 +127,9 @@ async def run_layout(
             # then the whole process group goes: a rank left behind would hold its GPU.
             subprocess.run(["pkill", "-USR1", "-f", "rlfleet_trainer run"], check=False)
             await asyncio.sleep(3)
-            os.killpg(proc.pid, signal.SIGKILL)
+            # SIGUSR1 also ends torchrun itself, which may take its group with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
             code = -9
     wall = time.monotonic() - started
