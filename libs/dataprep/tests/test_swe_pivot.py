@@ -140,3 +140,21 @@ def test_every_row_scores_its_action_one_and_other_turns_zero(tmp_path: Path) ->
             # is not.
             same = names == {"edit"} or other["expected_action"] == row["expected_action"]
             assert got.reward == (1.0 if same else 0.0), (row["id"], other["id"], got.info)
+
+
+def test_the_command_writes_the_blend_and_refuses_bad_input(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "rlfleet_dataprep.swe_pivot", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "{'train': 45, 'val': 15}" in done.stdout
+    assert (tmp_path / "tiny-swe1" / "val" / "data.jsonl").is_file()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    done = subprocess.run([*command, "--sampled", str(bad)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 1 and done.stderr.strip() == f"error: {bad}:1: not JSON " + (
+        "(Expecting property name enclosed in double quotes)"
+    )

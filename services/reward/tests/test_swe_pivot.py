@@ -66,6 +66,25 @@ EQUIVALENT = [
     ),
     ("bash-trailing-semi", BASH, call("bash", command="grep -rn 'def median' tinystats;"), 1.0),
     ("ls-flags", LS, call("bash", command="ls -a -l tinystats"), 1.0),
+    # Expansion characters keep the quotes (they matter to the shell); flags still reorder.
+    (
+        "bash-glob-other-path",
+        row("bash", command='grep -rn "def .*(" .'),
+        call("bash", command='grep -nr "def .*(" ./'),
+        0.0,
+    ),
+    (
+        "bash-glob-same-quotes",
+        row("bash", command='grep -rn "def .*(" .'),
+        call("bash", command='grep  -n -r "def .*(" .'),
+        1.0,
+    ),
+    (
+        "bash-glob-other-quotes",
+        row("bash", command='grep -rn "def .*(" .'),
+        call("bash", command="grep -rn 'def .*(' ."),
+        0.0,
+    ),
     ("head-attached-value", HEAD, call("bash", command="head -n5 tinystats/core.py"), 1.0),
     (
         "pytest-flags",
