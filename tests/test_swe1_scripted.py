@@ -91,3 +91,51 @@ async def test_scripted_next_actions_score_through_rollout_and_reward(tmp_path: 
     # Turn 1's prompt holds turn 0's call as the script renders it: what the engine keys on.
     held = pivots[1]["responses_create_params"]["input"][2]["content"]
     assert held == script[0] and json.loads(held.split("\n")[1]) == first
+
+
+def test_measuring_pivots_through_the_services(tmp_path: Path) -> None:
+    """`--measure-samples`: K next actions per turn from the rollout's OpenAI face, scored
+    by the reward gateway, written per row. A scripted policy that always submits (written
+    with other spacing than the prompts' calls) earns 1 exactly on the submit turns and 0
+    elsewhere; no turn has mixed outcomes, so no pivot is left and the prep says so."""
+    from rlfleet_contracts.rows import DataError
+    from rlfleet_core.models import resolve_model
+    from rlfleet_dataprep.curriculum import CurriculumOptions, curriculum_services
+    from support import ports_of
+
+    submit = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
+    script_file = tmp_path / "script.jsonl"
+    script_file.write_text(json.dumps({"text": submit}) + "\n")
+    model = resolve_model("smollm2-135m-instruct")
+    processes = []
+    try:
+        reward_process, reward_target = start_service(
+            "rlfleet_reward", ['environments=["swe_pivot"]'], tmp_path / "reward.log"
+        )
+        processes.append(reward_process)
+        rollout_process, _ = start_service(
+            "rlfleet_rollout",
+            ["--http-port", "0", "engine=scripted", f"script_path={script_file}",
+             f"model={model}", "engine_config.max_model_len=4096"],
+            tmp_path / "rollout.log",
+        )  # fmt: skip
+        processes.append(rollout_process)
+        url = f"http://127.0.0.1:{ports_of(rollout_process).http}"
+        options = CurriculumOptions(samples=2, max_tokens=64, timeout_s=60)
+        with (
+            curriculum_services(options, rollout_url=url, reward_target=reward_target) as sampler,
+            pytest.raises(DataError, match="no pivots"),
+        ):
+            prepare_swe_pivot(tmp_path / "out", sampler=sampler)
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
+    sampled = read_jsonl(tmp_path / "out" / "tiny-swe1.sampled.jsonl")
+    assert len(sampled) == 60
+    submits = {r["id"] for r in sampled if r["rewards"] == [1.0, 1.0]}
+    assert {r["id"] for r in sampled if r["rewards"] == [0.0, 0.0]} == {
+        r["id"] for r in sampled
+    } - submits
+    demos = read_jsonl(BUNDLED_DEMOS)
+    assert submits == {f"{d['demo_id']}#{len(d['turns']) - 1}" for d in demos}

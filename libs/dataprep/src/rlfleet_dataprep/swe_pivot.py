@@ -20,12 +20,16 @@ prepared blend has (tiny/swe1.yaml reads it).
   with no samples, and every row when no file is given, are kept: a GRPO group whose
   samples all score the same has zero advantage and gives no gradient (and
   `grpo.dynamic_sampling` drops it from the batch), so the filter saves rollouts; it
-  does not change what a step learns from.
+  does not change what a step learns from. `--measure-samples K --rollout-url URL
+  --reward HOST:PORT` writes that file first (`<out>/<name>.sampled.jsonl`): K next
+  actions per row from an OpenAI-compatible server (the rollout service), scored by the
+  reward gateway's `swe_pivot` env (the curriculum pass's sampler and scorer).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -39,6 +43,14 @@ from rlfleet_contracts.rows import (
     sha256_file,
     write_manifest,
     write_split,
+)
+
+from rlfleet_dataprep.curriculum import (
+    CurriculumOptions,
+    Generate,
+    Score,
+    curriculum_services,
+    measure,
 )
 
 BUNDLED_DEMOS = Path(__file__).resolve().parent / "bundled" / "swe_tiny" / "demonstrations.jsonl"
@@ -236,6 +248,7 @@ def prepare_swe_pivot(
     sampled_path: Path | None = None,
     val_instances: int = 1,
     name: str = BLEND,
+    sampler: tuple[Generate, Score] | None = None,
 ) -> tuple[Path, Manifest]:
     """Cut the demonstrations into pivot rows under `<out>/<name>` (see the docstring)."""
     instances = {i["instance_id"]: i for i in read_jsonl(instances_path)}
@@ -250,8 +263,23 @@ def prepare_swe_pivot(
     from rlfleet_dataprep.prep import check_rows, reward_row_check
 
     check_rows([(str(r["id"]), r) for r in rows], reward_row_check())
+    if sampler is not None:  # measure the policy now; the file is kept as a source
+        sampled_path = out / f"{name}.sampled.jsonl"
+        out.mkdir(parents=True, exist_ok=True)
+        measured = measure(rows, *sampler, concurrency=4)
+        sampled_path.write_text(
+            "".join(
+                json.dumps({"id": rows[m.index]["id"], "rewards": list(m.rewards)}) + "\n"
+                for m in measured
+            )
+        )
     sampled = read_sampled(sampled_path) if sampled_path is not None else None
     kept, counts = select_pivots(rows, sampled)
+    if not kept:
+        raise DataError(
+            f"no pivots: the samples of every one of the {len(rows)} turns agree "
+            f"({sampled_path}); sample more, or at a higher temperature"
+        )
     train, val = split_by_instance(kept, val_instances)
     out_dir = out / name
     sources = [demos_path, instances_path, *([sampled_path] if sampled_path else [])]
@@ -281,12 +309,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-instances", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("data"))
     parser.add_argument("--name", default=BLEND)
+    parser.add_argument("--measure-samples", type=int, default=0, metavar="K")
+    parser.add_argument("--rollout-url", default="", help="OpenAI-compatible server")
+    parser.add_argument("--reward", default="", help="reward gateway host:port")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=256)
     args = parser.parse_args(argv)
     try:
-        out_dir, manifest = prepare_swe_pivot(
-            args.out, demos_path=args.demos, instances_path=args.instances,
-            sampled_path=args.sampled, val_instances=args.val_instances, name=args.name,
-        )  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            sampler = None
+            if args.measure_samples:
+                if not args.rollout_url or not args.reward:
+                    raise DataError("--measure-samples needs --rollout-url and --reward")
+                options = CurriculumOptions(args.measure_samples, args.temperature,
+                                            args.max_tokens)  # fmt: skip
+                options.check()
+                sampler = stack.enter_context(curriculum_services(
+                    options, rollout_url=args.rollout_url, reward_target=args.reward
+                ))  # fmt: skip
+            out_dir, manifest = prepare_swe_pivot(
+                args.out, demos_path=args.demos, instances_path=args.instances,
+                sampled_path=args.sampled, val_instances=args.val_instances, name=args.name,
+                sampler=sampler,
+            )  # fmt: skip
     except DataError as exc:
         raise SystemExit(f"error: {exc}") from None
     splits = {k: v["rows"] for k, v in manifest.splits.items()}
