@@ -9,8 +9,9 @@ import json
 from typing import Any
 
 import grpc
+import httpx
 import pytest
-from reward_support import score_request
+from reward_support import RewardServer, nemo_response, score_request
 from rlfleet_proto.v1 import reward_pb2_grpc
 from rlfleet_reward.environments import get_environment
 from rlfleet_reward.environments.swe_equivalence import bash_form
@@ -319,3 +320,24 @@ def test_bad_row_over_grpc(stub: reward_pb2_grpc.RewardServiceStub) -> None:
         stub.Score(score_request("swe_pivot", {**BASH, "workdir": "rel"}, "x"), timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith("row.workdir:"), err.value.details()
+
+
+def test_structured_calls_over_http(reward_server: RewardServer) -> None:
+    """NeMo-Gym's face: a `function_call` output item is the call (no text needed)."""
+    body = {
+        "responses_create_params": {"input": [{"role": "user", "content": "fix it"}]},
+        **BASH,
+        "response": nemo_response(
+            "",
+            function_calls=[
+                {"name": "bash", "arguments": {"command": "grep -nr 'def median' tinystats"}}
+            ],
+        ),
+    }
+    reply = httpx.post(f"{reward_server.http_url}/swe_pivot/verify", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["reward"] == 1.0
+    bad = httpx.post(
+        f"{reward_server.http_url}/swe_pivot/verify", json={**body, "workdir": "rel"}, timeout=30
+    )
+    assert bad.status_code == 422 and bad.json()["field"] == "workdir", bad.text
