@@ -29,6 +29,7 @@ action).
   file's content, old_str and new_str must be equal.
 - `submit`: any submit equals submit.
 - Any other tool: the arguments must be equal as JSON values.
+- Arguments a tool does not read (a `timeout` on bash, a `reason` on submit) are ignored.
 
 Sizes are bounded: a command over `MAX_COMMAND_CHARS` is not compared (verdict says so);
 files and edits are bounded by the gateway's row and response limits, and each rule is
