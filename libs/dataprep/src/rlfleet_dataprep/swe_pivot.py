@@ -121,8 +121,17 @@ TOOLS: list[dict[str, Any]] = [
 
 def tools_text(tools: list[dict[str, Any]]) -> str:
     """The tools described in the system prompt, Hermes style (templates that ignore
-    `tools=` still show them; the trainer's single-turn path renders content only)."""
-    listed = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    `tools=` still show them; the trainer's single-turn path renders content only). Each
+    tool is one compact line (its arguments as name: type) to keep prompts short: the
+    full JSON schemas ride in `responses_create_params.tools`."""
+    listed = "\n".join(
+        json.dumps({
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "arguments": {k: v["type"] for k, v in t["function"]["parameters"]["properties"].items()},
+        })
+        for t in tools
+    )  # fmt: skip
     return (
         f"# Tools\n\nYou may call one of these functions:\n<tools>\n{listed}\n</tools>\n\n"
         "To call one, write a JSON object with its name and arguments inside "
