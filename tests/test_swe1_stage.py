@@ -5,7 +5,11 @@ in for tiny/rlvr3's export), real local services on the hf engine, the `swe_pivo
 scoring every sample. It must train its steps, validate before and after on the
 held-out instance's turns and write its stage files (summary, held-out reward, metrics,
 lineage, export). The tiny model rarely writes the demonstrated call: the rewards are
-whatever it earns, 0 or 1 each (tests/test_swe1_scripted.py shows the scoring path)."""
+whatever it earns, 0 or 1 each (tests/test_swe1_scripted.py shows the scoring path).
+
+Not yet seen passing: its one run (2026-11-27, the 2-core host shared with two other
+stage runs, load ~9) was stopped at 560 s, after the services started and the held-out
+"before" validation finished (4 prompts, reward 0.0) but before step 1."""
 
 from __future__ import annotations
 
