@@ -25,6 +25,7 @@ _REGISTRY: dict[str, str] = {
     "multi_challenge": "rlfleet_reward.environments.multi_challenge:MultiChallengeEnvironment",
     "math_with_code": "rlfleet_reward.environments.math_with_code:MathWithCodeEnvironment",
     "math_formal_lean": "rlfleet_reward.environments.math_formal_lean:MathFormalLeanEnvironment",
+    "swe_pivot": "rlfleet_reward.environments.swe_pivot:SwePivotEnvironment",
 }
 
 ENVIRONMENT_NAMES: tuple[str, ...] = tuple(_REGISTRY)

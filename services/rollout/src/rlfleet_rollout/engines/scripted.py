@@ -116,6 +116,9 @@ class ScriptedEngine:
         )
         if len(ids) > budget:
             ids, finish = ids[: max(budget, 0)], FinishReason.LENGTH
+        # The OpenAI face answers with `text` (as the hf engine fills it): without it a
+        # scripted chat completion came back with empty content.
+        text = self.tokenizer.decode(ids, skip_special_tokens=True) if request.return_text else ""
         for index in range(request.n):
             self._tokens += len(ids)
             yield Sample(
@@ -128,6 +131,7 @@ class ScriptedEngine:
                 weight_version_first=self._version,
                 weight_version_last=self._version,
                 generation_time_s=time.monotonic() - started,
+                text=text,
                 replica="scripted-0",
             )
 
