@@ -44,6 +44,7 @@ from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure, 
 _OVERHEAD_S = 5.0
 """Kept from each budget for the call itself, so the runner's watchdog fires first."""
 _MAX_TESTS = 10_000
+_MAX_SESSION_IDLE_S = 7200.0
 
 
 def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -193,7 +194,9 @@ class SweAgentEnvironment(EpisodeEnvironment):
                 workdir=spec.workdir,
                 base_commit=spec.base_commit,
                 memory_bytes=ctx.swe.memory_bytes,
-                idle_timeout_s=ctx.idle_timeout_s,
+                # The episode's own idle timeout frees the session first; the runner's
+                # (sessions.max_idle_timeout_s, 7200 s by default) is the backstop.
+                idle_timeout_s=min(ctx.idle_timeout_s + 60.0, _MAX_SESSION_IDLE_S),
             )
         except SweToolRefused as exc:  # the runner names its field (image, workdir, ...)
             raise RowError("instance", f"the swe-runner refused it: {exc}") from None
