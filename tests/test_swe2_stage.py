@@ -4,7 +4,8 @@ of SmolLM2-135M-Instruct stands in for SWE1's), the stage's services started by 
 pipeline (the reward gateway wired to the swe-runner), multi-turn swe_agent episodes in
 real docker containers, two GRPO steps, and the stage's report. The tiny model rarely
 fixes anything: this checks that the stage runs, scores every trajectory (no failures
-hidden as zeros), trains and reports, and leaves no container behind."""
+hidden as zeros), trains and reports. (That the runner removes its containers is the
+swe-runner's own tests' job; a check here would see other runs' containers.)"""
 
 from __future__ import annotations
 
@@ -29,14 +30,6 @@ def _rlfleet(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProce
         [sys.executable, "-m", "rlfleet_cli.main", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
-
-
-def _swe_containers() -> list[str]:
-    done = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=rlfleet.swe.runner=swe-runner"],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
-    return done.stdout.split()
 
 
 @pytest.mark.slow
@@ -69,4 +62,3 @@ def test_rl_swe_tiny_swe2_runs_scores_trains_and_reports(tmp_path: Path) -> None
     assert 0.0 <= result["heldout_reward_after"] <= 1.0
     lineage = json.loads((stage / "lineage.json").read_text())
     assert "runs/swe1/hf" in json.dumps(lineage)
-    assert _swe_containers() == [], "the stage left containers behind"
