@@ -33,6 +33,7 @@ def _rlfleet(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProce
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_rl_swe_tiny_swe2_runs_scores_trains_and_reports(tmp_path: Path) -> None:
     require_docker()
     from rlfleet_swe.images import build_images
