@@ -36,6 +36,7 @@ from rlfleet_contracts.run_folder import BLEND_MANIFEST
 
 from rlfleet_dataprep.curriculum import Generate, Score, measure, order_by_difficulty
 from rlfleet_dataprep.sources import fill_placeholder
+from rlfleet_dataprep.swe import is_swe_instance, swe_row
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "blends"
 MAX_LISTED_PROBLEMS = 50
@@ -194,6 +195,8 @@ def prepare_rl(
             if PLACEHOLDER_KEY in row:
                 row = fill_placeholder(row)
                 filled += 1
+            elif is_swe_instance(row):  # a raw SWE-bench/SWE-Gym row
+                row = swe_row(row)
         except DataError as exc:
             raise DataError(f"{source.where}: {exc}") from None
         sources.append((source.where, resolve_env(row, options.default_env)))

@@ -21,6 +21,7 @@ from typing import Any
 from rlfleet_contracts.rows import DataError, Row
 
 from rlfleet_dataprep.long_context import fill_long_context
+from rlfleet_dataprep.swe import fill_swe_tiny
 
 
 def _user_prompt(text: str, system: str = "") -> dict[str, Any]:
@@ -132,6 +133,7 @@ FILLERS: dict[str, Callable[[dict[str, Any]], Row]] = {
     "human_eval": fill_human_eval,
     "ifbench": fill_ifbench,
     "long_context": fill_long_context,
+    "swe_tiny": fill_swe_tiny,
 }
 
 

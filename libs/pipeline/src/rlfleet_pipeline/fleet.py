@@ -11,7 +11,7 @@ Ports: each service binds port 0 itself and writes the ports it got to
 `rlfleet_core.ports`), so no port is ever picked by one process and bound by another.
 
 Start-up: every service starts at once, except that one needing another's address (the
-reward gateway: `sandbox.target`) starts as soon as that one has reported its port; it
+reward gateway: `sandbox.target`, `swe.target`) starts as soon as that one has reported its port; it
 need not wait for SERVING, since the gateway's sandbox channel connects lazily and the
 fleet hands out no address before all are SERVING. The times of each (spawned, ports
 bound, SERVING) go to <run_dir>/startup.json and to `say` (stderr by default). A service
@@ -57,7 +57,7 @@ from rlfleet_pipeline.services import service_command
 
 # Dependencies first (the reward gateway calls the sandbox); stopped in reverse.
 START_ORDER = ("sandbox", "reward", "rollout", "swe-runner", "trainer")
-DEPENDS_ON = {"reward": ("sandbox",)}
+DEPENDS_ON = {"reward": ("sandbox", "swe-runner")}
 """A service starts once these (when in the fleet) have reported their ports."""
 
 
@@ -122,9 +122,12 @@ class ServiceProcess:
 def wiring(name: str, services: Sequence[str], target: Callable[[str], str]) -> list[str]:
     """Overrides that point service `name` at the others of a fleet of `services` (the
     user's own overrides come after, so they win); `target(other)` is its address."""
+    wired = []
     if name == "reward" and "sandbox" in services:
-        return [f"sandbox.target={target('sandbox')}"]
-    return []
+        wired.append(f"sandbox.target={target('sandbox')}")
+    if name == "reward" and "swe-runner" in services:  # the swe_agent episodes' runner
+        wired.append(f"swe.target={target('swe-runner')}")
+    return wired
 
 
 class LocalFleet:

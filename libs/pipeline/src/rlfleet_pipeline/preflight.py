@@ -6,7 +6,9 @@ same one-line message.
   backend cannot honour, the model, the data rows), the function the trainer calls;
 - every service's `key=value` overrides in the launch plan, loaded with the service's own
   config model through `load_service_config` (what the service does when it starts);
-- the wiring the stage needs: a reward gateway told where the sandbox is, a swe-runner.
+- the wiring the stage needs: a reward gateway told where the sandbox is, a swe-runner
+  (and where it is, for `swe_agent` episodes);
+- locally, for `swe_agent` episodes: every instance image the data names is built.
 
 The overrides are read from the plan each launcher really runs: the local fleet's
 command lines, the compose file's `command:` lists, the sbatch script's `exec` lines.
@@ -14,10 +16,13 @@ command lines, the compose file's `command:` lists, the sbatch script's `exec` l
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.rows import env_of
 from rlfleet_contracts.startup import start_problem
 from rlfleet_core.config import ConfigError, read_yaml
 from rlfleet_core.server import load_service_config
@@ -28,6 +33,7 @@ from rlfleet_pipeline.launch.profiles import ComposeProfile, Profile, SlurmProfi
 from rlfleet_pipeline.launch.slurm import components, service_commands
 from rlfleet_pipeline.services import ServiceNotFound, get_service
 from rlfleet_pipeline.stage import (
+    SWE_AGENT_ENV,
     StageError,
     compose_model_problem,
     compose_stack,
@@ -130,6 +136,51 @@ def wiring_problem(recipe: RecipeConfig, plan: dict[str, list[str]]) -> str | No
             "reward service no sandbox.target (its code environment would answer "
             "SANDBOX_ERROR)"
         )
+    if SWE_AGENT_ENV in recipe.multi_turn.envs and not any(
+        o.startswith("swe.target=") for o in plan.get("reward", [])
+    ):
+        return (
+            f"stage {recipe.stage} runs swe_agent episodes, but the launch plan gives the "
+            "reward service no swe.target (OpenEpisode would answer UNAVAILABLE); only the "
+            "local launcher wires it yet: use --run local, or add swe.target=<host:port of "
+            "the swe-runner> to the reward's command"
+        )
+    return None
+
+
+def swe_image_problem(recipe: RecipeConfig) -> str | None:
+    """A local swe_agent stage: every instance image its data rows name must be built on
+    this host (the swe-runner starts containers with `--pull never`)."""
+    if SWE_AGENT_ENV not in recipe.multi_turn.envs:
+        return None
+    images: set[str] = set()
+    for path in (recipe.data.train_path, recipe.data.val_path):
+        if not path or not Path(path).is_file():
+            continue  # start_problem names a missing data file
+        for line in Path(path).read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if env_of(row) == SWE_AGENT_ENV and isinstance(row.get("image"), str):
+                images.add(row["image"])
+    if not images:
+        return None
+    build = (
+        "build them with `uv run python -m rlfleet_swe.images` (the bundled tiny instances; "
+        "--instances DIR for others) or deploy/docker/build-swe-instances.sh"
+    )
+    try:
+        done = subprocess.run(
+            ["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the swe-runner needs a Docker engine for the instance images ({exc}); {build}"
+    have = set(done.stdout.split())
+    missing = sorted(i for i in images if i not in have and f"{i}:latest" not in have)
+    if missing:
+        return (
+            f"{len(missing)} SWE instance image(s) are not built on this host "
+            f"({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}); {build}"
+        )
     return None
 
 
@@ -171,6 +222,8 @@ def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str
         problem = service_problem(name, overrides, installed_only=not local)
         if problem is not None:
             return problem
-    return wiring_problem(recipe, plan) or start_problem(
-        recipe, trainer_world_size(recipe, profile)
+    return (
+        wiring_problem(recipe, plan)
+        or start_problem(recipe, trainer_world_size(recipe, profile))
+        or (swe_image_problem(recipe) if local else None)
     )

@@ -184,14 +184,37 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
 
 
 def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
-    """The rollout serves the policy's model (same weights and token ids as the trainer)."""
+    """The rollout serves the policy's model (same weights and token ids as the trainer);
+    a stage with `swe_agent` episodes gives the reward gateway episode limits that fit
+    them (swe_episode_overrides)."""
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
     overrides = [f"engine={engine}", f"model={recipe.policy.model}"]
     if recipe.services.weight_transport == "shared_file" and recipe.services.shared_dir:
         # The rollout loads shared-file updates only from folders it is told to trust.
         overrides.append(f"weight_file_roots={json.dumps([recipe.services.shared_dir])}")
-    return {"rollout": overrides}
+    planned = {"rollout": overrides}
+    if SWE_AGENT_ENV in recipe.multi_turn.envs:
+        planned["reward"] = swe_episode_overrides(recipe)
+    return planned
+
+
+SWE_AGENT_ENV = "swe_agent"
+
+
+def swe_episode_overrides(recipe: RecipeConfig) -> list[str]:
+    """The reward gateway's episode limits for `swe_agent`, from the trainer's per-call
+    deadline (multi_turn.step_timeout_s, which also bounds CloseEpisode: the tests): each
+    tool call and the verification end a few seconds inside it, so the gateway answers
+    with a result rather than the trainer's deadline cutting it (the reward's caps: 600 s
+    a call, 1800 s a verification). The runner's per-command limit (swe.command_timeout_s,
+    300 s) and test limit (swe.test_timeout_s, 900 s) are lowered to fit."""
+    inside = recipe.multi_turn.step_timeout_s - 5.0
+    return [
+        f"episodes.tool_timeout_s={min(600.0, inside):g}",
+        f"episodes.close_timeout_s={min(1800.0, inside):g}",
+        f"episodes.idle_timeout_s={max(600.0, recipe.multi_turn.max_trajectory_time_s):g}",
+    ]
 
 
 def run_local(

@@ -96,6 +96,25 @@ class SandboxConfig(ConfigModel):
     """Address-space limit asked for each program."""
 
 
+class SweRunnerConfig(ConfigModel):
+    """How the `swe_agent` episode environment reaches the swe-runner service (`swe.*`).
+    Defaults follow NeMo-Gym's published swe_agents settings (per-command 300 s; tests up
+    to 900-1200 s; container memory 32 GB is the runner's own default)."""
+
+    target: str | None = None
+    """host:port of rlfleet.v1.SweRunnerService; None = `swe_agent` episodes are refused
+    as UNAVAILABLE at OpenEpisode."""
+    call_overhead_s: float = Field(30.0, gt=0)
+    """Deadline of a call = its work's own limit + this (container start, queueing)."""
+    command_timeout_s: float = Field(300.0, gt=0, le=1800)
+    """Limit of one bash command in a session (lowered to fit `episodes.tool_timeout_s`)."""
+    test_timeout_s: float = Field(900.0, gt=0, le=1800)
+    """Limit of the instance's tests at CloseEpisode (lowered to fit
+    `episodes.close_timeout_s`)."""
+    memory_bytes: int = Field(0, ge=0)
+    """Container memory cap of sessions and test runs; 0 = the runner's default."""
+
+
 class EpisodesConfig(ConfigModel):
     """Multi-turn environments (`episodes.*`): OpenEpisode / Step / CloseEpisode."""
 
@@ -163,6 +182,7 @@ class RewardServiceConfig(ServiceConfig):
     limits: LimitsConfig = LimitsConfig()
     sandbox: SandboxConfig = SandboxConfig()
     episodes: EpisodesConfig = EpisodesConfig()
+    swe: SweRunnerConfig = SweRunnerConfig()
 
     @field_validator("environments")
     @classmethod

@@ -32,6 +32,7 @@ from rlfleet_reward.placement import InlineRunner, ThreadRunner, resolve
 from rlfleet_reward.pool import VerifierPool
 from rlfleet_reward.ray_pool import RayVerifierPool
 from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxClient
+from rlfleet_reward.swe_client import GrpcSweRunnerClient
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,11 @@ class Gateway:
                 memory_bytes=config.sandbox.memory_bytes,
             )
         self.sandbox = sandbox
+        self.swe_runner = (
+            GrpcSweRunnerClient(config.swe.target, call_overhead_s=config.swe.call_overhead_s)
+            if config.swe.target
+            else None
+        )
         self.placements: dict[str, Placement] = {
             name: resolve(name, get_environment(name).placement, config.placement)
             for name in self.enabled
@@ -140,6 +146,8 @@ class Gateway:
         await self.pool.stop()
         if self.sandbox is not None:
             await self.sandbox.close()
+        if self.swe_runner is not None:
+            await self.swe_runner.close()
 
     def environments(self) -> list[EnvironmentInfo]:
         infos = []

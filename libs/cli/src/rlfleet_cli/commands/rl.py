@@ -3,6 +3,7 @@ compose, or its resolved recipe and launch plan with --dry-run."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -140,7 +141,28 @@ def rl(
 
     if isinstance(profile, SlurmProfile):
         raise typer.Exit(_run_slurm(recipe, profile, run_dir, resume, service_overrides))
-    raise typer.Exit(run_local(recipe, run_dir, resume, service_overrides))
+    started = time.monotonic()
+    code = run_local(recipe, run_dir, resume, service_overrides)
+    if code == 0:
+        _write_report(run_dir, recipe, config, time.monotonic() - started)
+    raise typer.Exit(code)
+
+
+def _write_report(run_dir: Path, recipe: RecipeConfig, config: str, wall_s: float) -> None:
+    """The stage's report (report.md, report.json, plots/) in its run folder, as `rlfleet
+    run` writes one per pipeline: held-out reward before/after, rewards and failures."""
+    from rich.markup import escape
+    from rlfleet_contracts.run_folder import StageFolder
+    from rlfleet_pipeline.pipeline import PipelineStage, stage_result
+    from rlfleet_pipeline.report import write_report
+
+    folder = StageFolder(run_dir)
+    if not (folder.heldout.exists() and folder.summary.exists()):
+        err.print(f"rlfleet: no report: {run_dir} has no heldout.json/summary.json", markup=False)
+        return
+    result = stage_result(PipelineStage(recipe.stage, config, ""), run_dir, wall_s)
+    report = write_report(run_dir, [result])
+    out.print(f"report: {escape(str(report))}")
 
 
 def _run_slurm(

@@ -21,6 +21,7 @@ _REGISTRY: dict[str, str] = {
     "tool_use": "rlfleet_reward.episodes.accounts:AccountsEnvironment",
     "math_python": "rlfleet_reward.episodes.math_python:MathPythonEnvironment",
     "terminal": "rlfleet_reward.episodes.terminal:TerminalEnvironment",
+    "swe_agent": "rlfleet_reward.episodes.swe_agent:SweAgentEnvironment",
 }
 
 EPISODE_ENVIRONMENT_NAMES: tuple[str, ...] = tuple(_REGISTRY)

@@ -49,6 +49,13 @@ class EpisodeContext(Protocol):
     def sandbox(self) -> Any:
         """The gateway's sandbox client (GrpcSandboxClient), or None when not configured."""
 
+    def swe_runner(self) -> Any:
+        """The gateway's swe-runner client (GrpcSweRunnerClient), or None when not configured."""
+
+    @property
+    def swe(self) -> Any:
+        """The gateway's `swe.*` settings (SweRunnerConfig)."""
+
     async def verify(self, env: str, spec: Any, sample: Sample, budget_s: float) -> Score:
         """Score with single-turn environment `env` where it is placed (killable)."""
 

@@ -86,6 +86,13 @@ class _Context:
     def sandbox(self) -> Any:
         return self._gateway.sandbox
 
+    def swe_runner(self) -> Any:
+        return self._gateway.swe_runner
+
+    @property
+    def swe(self) -> Any:
+        return self._gateway.config.swe
+
     async def verify(self, env: str, spec: Any, sample: Sample, budget_s: float) -> Score:
         if env not in self._gateway.enabled:
             return failure(FailureKind.VERIFIER_ERROR, f"environment {env!r} is not enabled here")
