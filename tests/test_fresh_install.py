@@ -113,8 +113,10 @@ def test_readme_command_on_a_fresh_container() -> None:
                 "python3 -m venv /opt/uv && /opt/uv/bin/pip install -q uv",
                 "export PATH=/opt/uv/bin:$PATH",
                 "cd /src",
-                # On failure, the services' logs (the container goes with the test).
-                f"( {command} ) || {{ tail -n 40 runs/*/logs/*.log; exit 1; }}",
+                # On failure, the services' logs (the container goes with the test), then
+                # the run's own last lines: the assertion shows the end of this stream.
+                f"( {command} ) 2>&1 | tee /tmp/run.out || {{ tail -n 25 runs/*/logs/*.log;"
+                " echo '==> rlfleet run <=='; tail -n 60 /tmp/run.out; exit 1; }",
                 # The GPU choice resolves from the lock here too (a plan, nothing installed).
                 "UV_PROJECT_ENVIRONMENT=/tmp/gpu uv sync --locked --dry-run --no-group cpu"
                 " --group gpu 2>&1 | grep -E '^ \\+ (vllm|torch)=='",
