@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = "rlfleet/base:bookworm"
 SHORT = ["grpo.max_num_steps=1", "grpo.num_val_prompts=4", "--out", "runs/fresh"]
 FULL = os.environ.get("RLFLEET_FRESH_INSTALL") == "full"
+NEEDS_GIB = 20
 SECURITY = ["seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"]
 
 
@@ -91,6 +93,14 @@ def test_readme_command_on_a_fresh_container() -> None:
     if not FULL:
         command = f"{command} {' '.join(SHORT)}"
     subprocess.run([str(ROOT / "deploy/docker/build-base.sh")], check=True, timeout=1800)
+    # The container fills ~14 GiB (environment, uv cache, model, checkpoints). A full disk
+    # showed up as torch's "unexpected pos" in a checkpoint: say so before starting.
+    root = _docker("info", "--format", "{{.DockerRootDir}}", timeout=60).strip()
+    free_gib = shutil.disk_usage(root).free / 2**30
+    assert free_gib >= NEEDS_GIB, (
+        f"{free_gib:.1f} GiB free on Docker's disk ({root}); this test needs {NEEDS_GIB} GiB: "
+        "free space (docker image prune, old runs) and run it again"
+    )
 
     name = f"rlfleet-fresh-{uuid.uuid4().hex[:8]}"
     opts = [f"--security-opt={o}" for o in SECURITY]

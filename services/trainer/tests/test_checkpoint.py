@@ -139,3 +139,45 @@ def test_checkpoint_files_load_without_running_code(tmp_path: Path) -> None:
     torch.save(_Payload(), path / "rng.pt")
     with pytest.raises(Exception, match=r"[Ww]eights only load failed"):
         load_checkpoint(path, backend)  # type: ignore[arg-type]
+
+
+_FULL_DISK_CHILD = """
+import sys, torch
+from pathlib import Path
+from rlfleet_trainer.checkpoint import CheckpointDiskFull, TrainerState, save_checkpoint
+
+class Backend:
+    def save(self, path):
+        torch.save(torch.ones(1 << 20), path / "w.pt")  # 4 MiB into a 1 MiB disk
+
+try:
+    save_checkpoint(Path(sys.argv[1]), TrainerState(step=3), Backend(), keep_last=1)
+except CheckpointDiskFull as exc:
+    print("DISK FULL:", exc)
+    print("LEFT:", sorted(p.name for p in Path(sys.argv[1]).iterdir()))
+"""
+
+
+def test_full_disk_is_named_not_a_torch_zip_error(tmp_path: Path) -> None:
+    """A full disk made torch.save fail with "unexpected pos N vs M" (seen in a fresh
+    container): the error now says the disk is full and where, and no half-written
+    checkpoint is left. The disk is a real 1 MiB tmpfs (bubblewrap mount namespace)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if not shutil.which("bwrap"):
+        pytest.skip("needs bubblewrap (README prerequisites)")
+    disk = tmp_path / "ckpt"
+    disk.mkdir()
+    bwrap = ["bwrap", "--dev-bind", "/", "/", "--size", str(1 << 20), "--tmpfs", str(disk)]
+    proc = subprocess.run(
+        [*bwrap, sys.executable, "-c", _FULL_DISK_CHILD, str(disk)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DISK FULL: writing checkpoint step_3 under" in proc.stdout, proc.stdout
+    assert "the disk is full" in proc.stdout and "--out" in proc.stdout
+    assert "LEFT: []" in proc.stdout, proc.stdout  # the temporary folder is gone

@@ -54,6 +54,7 @@ def run_main(argv: Sequence[str]) -> int:
         return 2
     from rlfleet_core.models import ModelNotFound
 
+    from rlfleet_trainer.checkpoint import CheckpointDiskFull
     from rlfleet_trainer.ranks import env_rank_info, init_distributed
     from rlfleet_trainer.run import run_stage
 
@@ -71,8 +72,9 @@ def run_main(argv: Sequence[str]) -> int:
         check_start(recipe, info.world_size)
         state = asyncio.run(run_stage(recipe, args.run_dir, resume=args.resume or restarted))
         code = 0
-    except (ValueError, FileNotFoundError, ModelNotFound) as exc:
-        # Bad settings or inputs found while building the stage: one line, not a traceback.
+    except (ValueError, FileNotFoundError, ModelNotFound, CheckpointDiskFull) as exc:
+        # Bad settings or inputs found while building the stage, or a full disk: one line,
+        # not a traceback.
         print(f"rlfleet-trainer run: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -18,6 +18,7 @@ has every rank write its shards into the temporary folder and waits for all of t
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -80,6 +81,14 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+# Below this much free space after a failed write, the failure is taken to be a full disk.
+DISK_FULL_BYTES = 64 * 2**20
+
+
+class CheckpointDiskFull(RuntimeError):
+    """A checkpoint could not be written because its disk is full (one line for the user)."""
+
+
 def save_checkpoint(
     directory: Path,
     state: TrainerState,
@@ -94,11 +103,23 @@ def save_checkpoint(
         shutil.rmtree(leftover, ignore_errors=True)
     final = directory / f"step_{state.step}"
     tmp = directory / f".tmp-step_{state.step}-{os.getpid()}"
-    (tmp / "policy").mkdir(parents=True)
-    backend.save(tmp / "policy")
-    (tmp / STATE_FILE).write_text(json.dumps(state.__dict__, sort_keys=True))
-    torch.save(rng_state(), tmp / "rng.pt")
-    _fsync_tree(tmp)
+    try:
+        (tmp / "policy").mkdir(parents=True)
+        backend.save(tmp / "policy")
+        (tmp / STATE_FILE).write_text(json.dumps(state.__dict__, sort_keys=True))
+        torch.save(rng_state(), tmp / "rng.pt")
+        _fsync_tree(tmp)
+    except (OSError, RuntimeError) as exc:
+        free = shutil.disk_usage(directory).free
+        shutil.rmtree(tmp, ignore_errors=True)
+        # torch.save reports a full disk as "unexpected pos N vs M": say what it was.
+        if getattr(exc, "errno", None) == errno.ENOSPC or free < DISK_FULL_BYTES:
+            raise CheckpointDiskFull(
+                f"writing checkpoint step_{state.step} under {directory} failed: the disk is "
+                f"full ({free / 2**20:.0f} MiB free; {exc}). Free space on that disk or give "
+                "the run a larger one (`rlfleet rl --out DIR`); `rlfleet doctor` checks it"
+            ) from exc
+        raise
     if crash_hook is not None:
         crash_hook("checkpoint_before_rename")
     replaced = None
