@@ -4,7 +4,9 @@
    unique project name and free loopback ports, checks every service's gRPC health through
    its published port, scores a `code` row end to end (reward container → sandbox
    container over the compose network, `sandbox.target=sandbox:50051`), then `docker
-   compose down` and checks that no container or network of the project is left.
+   compose down` and checks that no container or network of the project is left. A
+   `swe_agent` episode runs through reward → swe-runner (`swe.target=swe-runner:50051`) →
+   an instance container the swe-runner starts through the mounted Docker socket.
 2. Runs a tiny RLVR stage with `rlfleet rl rlvr -c test --run compose` (its own project,
    named by an env.toml `[compose]` profile): the CLI brings up sandbox + reward + rollout
    (hf engine, bundled `tiny` model built inside the container), trains two steps on this
@@ -373,3 +375,28 @@ def test_run_compose_without_images_says_how_to_build(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     assert "deploy/docker/build-images.sh sandbox reward rollout" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_swe_agent_episode_through_the_stack(stack: Stack) -> None:
+    """reward container -> swe-runner container (compose's `swe.target`) -> an instance
+    container the swe-runner starts through the mounted Docker socket: the gold fix
+    applied with bash and submitted scores 1."""
+    import sys
+
+    from rlfleet_swe.images import build_images, bundled_instances_dir
+
+    sys.path.insert(0, str(REPO / "services/reward/tests"))
+    from episode_support import Caller
+
+    build_images()  # the bundled instances' images, on the engine the runner uses
+    row = json.loads((bundled_instances_dir() / "instances.jsonl").read_text().splitlines()[0])
+    with connect_sync(stack.grpc["reward"], auth_token=stack.token) as channel:
+        caller = Caller(reward_pb2_grpc.RewardServiceStub(channel))
+        episode = caller.open("swe_agent", row)
+        apply = f"git apply <<'RLFLEET_EOF'\n{row['patch']}RLFLEET_EOF\n"
+        step = caller.step(episode.episode_id, ("bash", {"command": apply}))
+        assert step.results[0].content.startswith("exit code: 0"), step.results[0].content
+        assert caller.step(episode.episode_id, ("submit", {})).done
+        result = caller.close(episode.episode_id)
+    assert result.failure_kind == reward_pb2.FAILURE_KIND_NONE, result.failure_reason
+    assert result.reward == 1.0, dict(result.info)

@@ -101,7 +101,8 @@ HOSTILE = [
         {"command": "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 3)\""},
     ),
     ("bash", {"command": "echo pwned > /host_escape; ls /var/run/docker.sock"}),
-    # Last: its leftovers hold the container's pids cap, so later commands cannot fork.
+    # The pids cap stops it; whatever it left is killed when the call ends (the runner
+    # kills every process of the container but PID 1), so later commands still work.
     ("bash", {"command": "f(){ f|f& }; f; sleep 2; echo survived"}),
 ]
 
@@ -154,8 +155,7 @@ def test_scripted_agent(
         done = step.done
         if call[0] == "bash" and call not in HOSTILE:
             assert not step.results[0].error, step.results[0].content
-    wrecked = any(call in HOSTILE for call in calls)  # the fork bomb leaves no pid to submit
-    assert done == (calls[-1][0] == "submit" and not wrecked)
+    assert done == (calls[-1][0] == "submit")  # also after the fork bomb
     result = caller.close(episode.episode_id)
     assert result.failure_kind == reward_pb2.FAILURE_KIND_NONE, result.failure_reason
     assert result.reward == reward, dict(result.info)
@@ -169,8 +169,10 @@ def test_hostile_commands_do_not_reach_out(services: tuple[Caller, str]) -> None
     assert "exit code: 0" not in host.content, host.content
     assert not Path("/host_escape").exists()
     assert "Resource temporarily unavailable" in bomb.content, bomb.content  # the pids cap
-    ls = caller.step(episode.episode_id, ("bash", {"command": "ls"})).results[0]
-    assert "fork" in ls.content, ls.content  # the bomb's leftovers: the container, not the host
+    # Nothing of the bomb outlived its call: the session forks again, few processes run.
+    ps = caller.step(episode.episode_id, ("bash", {"command": "ls /proc | grep -c '^[0-9]'"}))
+    content = ps.results[0].content
+    assert content.startswith("exit code: 0\n") and int(content.split()[-1]) <= 6, content
     caller.close(episode.episode_id, abandon=True)
 
 

@@ -9,6 +9,14 @@ COPY wheels /build/wheels
 RUN python3 -m venv /opt/rlfleet \
  && PIP_CERT=/etc/ssl/certs/build-ca.pem /opt/rlfleet/bin/pip install --no-cache-dir -q \
       --find-links /build/wheels -r /build/requirements.txt
+# The docker CLI: the service starts instance containers through the engine of the host
+# (compose mounts its socket). Only /usr/bin/docker is taken from Debian bookworm's
+# docker.io package (the same mirror as the base image, a pinned distribution version;
+# Docker's static download site is not reachable here); its daemon, containerd and runc
+# are not installed.
+RUN apt-get update -qq && cd /tmp && apt-get download -qq docker.io \
+ && dpkg-deb --fsys-tarfile docker.io_*.deb | tar -x -C / ./usr/bin/docker \
+ && rm -rf docker.io_*.deb /var/lib/apt/lists/* /var/cache/apt/*.bin && docker --version
 # Then rlfleet's own packages: a code change rebuilds only this layer.
 COPY rlfleet /build/rlfleet
 RUN /opt/rlfleet/bin/pip install --no-cache-dir -q --no-deps /build/rlfleet/*.whl \

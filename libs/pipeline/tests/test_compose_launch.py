@@ -25,7 +25,8 @@ import json, os, sys
 args = sys.argv[1:]
 log = os.environ["FAKE_DOCKER_LOG"]
 with open(log, "a") as f:
-    keys = ("ROLLOUT_ENGINE", "ROLLOUT_MODEL", "RLFLEET_AUTH_TOKEN_FILE")
+    keys = ("ROLLOUT_ENGINE", "ROLLOUT_MODEL", "RLFLEET_AUTH_TOKEN_FILE", "REWARD_SANDBOX_TARGET",
+            "REWARD_SWE_TARGET")
     env = {{k: os.environ.get(k, "") for k in keys}}
     f.write(json.dumps({{"args": args, "env": env}}) + "\\n")
 fail = os.environ.get("FAKE_DOCKER_FAIL", "")
@@ -140,6 +141,7 @@ def test_up_train_down(docker: Path, tmp_path: Path) -> None:
         "p1",
         "up",
         "-d",
+        "--no-deps",
         "--wait",
         "--wait-timeout",
         "60",
@@ -152,6 +154,8 @@ def test_up_train_down(docker: Path, tmp_path: Path) -> None:
         "ROLLOUT_ENGINE": "hf",
         "ROLLOUT_MODEL": "tiny",
         "RLFLEET_AUTH_TOKEN_FILE": str(token_file),  # compose mounts it as the secret
+        "REWARD_SANDBOX_TARGET": "sandbox:50051",
+        "REWARD_SWE_TARGET": "",  # an rlvr stage starts no swe-runner
     }
     assert token_file.stat().st_mode & 0o777 == 0o600 and len(token_file.read_text()) > 40
     trainer = json.loads((tmp_path / "trainer.json").read_text())
@@ -236,7 +240,7 @@ def test_dry_run_plan(tmp_path: Path) -> None:
     # The stack and the trainer share the run's token file (docs/security.md).
     token = f"RLFLEET_AUTH_TOKEN_FILE={Path('runs/rlvr/auth_token').absolute()} "
     assert token in up and token in train
-    assert up.endswith("-p p1 up -d --wait --wait-timeout 60 sandbox reward rollout")
+    assert up.endswith("-p p1 up -d --no-deps --wait --wait-timeout 60 sandbox reward rollout")
     assert "services.rollout=127.0.0.1:${ROLLOUT_PORT:-50052}" in train
     assert "services.weight_transport=grpc_stream" in train
     assert down.endswith("# unless --keep-up")

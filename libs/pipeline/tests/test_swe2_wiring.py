@@ -1,7 +1,8 @@
 """Stage SWE2's recipes and wiring: the published multi_turn settings in super3/swe2, the
 tiny recipe's chain and limits, the reward gateway told where the swe-runner is and given
 episode limits that fit the trainer's deadlines, and the preflight naming unbuilt
-instance images (with how to build them)."""
+instance images (with how to build them); the services a swe stage starts follow its
+environments, and the compose file and the sbatch script wire the swe-runner too."""
 
 from __future__ import annotations
 
@@ -9,9 +10,17 @@ import json
 from pathlib import Path
 
 from rlfleet_pipeline.fleet import wiring
-from rlfleet_pipeline.preflight import local_overrides, swe_image_problem, wiring_problem
+from rlfleet_pipeline.launch.profiles import ComposeProfile, SlurmProfile
+from rlfleet_pipeline.preflight import (
+    compose_overrides,
+    local_overrides,
+    planned_overrides,
+    service_problem,
+    swe_image_problem,
+    wiring_problem,
+)
 from rlfleet_pipeline.recipes import load_recipe
-from rlfleet_pipeline.stage import stage_services
+from rlfleet_pipeline.stage import launch_plan, stage_services
 
 
 def test_super3_swe2_has_the_published_agent_settings() -> None:
@@ -35,7 +44,7 @@ def test_the_reward_gateway_is_wired_to_the_swe_runner() -> None:
     services = stage_services(recipe)
     assert "swe-runner" in services
     wired = wiring("reward", services, lambda s: f"{s}:1")
-    assert "swe.target=swe-runner:1" in wired and "sandbox.target=sandbox:1" in wired
+    assert wired == ["swe.target=swe-runner:1"]  # swe_agent needs no sandbox
     plan = local_overrides(recipe, "hf")
     assert "episodes.tool_timeout_s=115" in plan["reward"]  # step_timeout_s 120 - 5
     assert "episodes.close_timeout_s=115" in plan["reward"]
@@ -55,3 +64,56 @@ def test_preflight_names_unbuilt_instance_images(tmp_path: Path) -> None:
     problem = swe_image_problem(recipe)
     assert problem is not None
     assert "rlfleet/swe-tiny:never-built-x1" in problem and "rlfleet_swe.images" in problem
+
+
+def test_a_stage_starts_what_its_environments_need() -> None:
+    """SWE1 (swe_pivot: a comparison) needs only reward + rollout; SWE2 (swe_agent) the
+    swe-runner and no sandbox; an swe stage with another environment keeps the sandbox."""
+    assert stage_services(load_recipe("tiny/swe1")) == ["reward", "rollout"]
+    assert stage_services(load_recipe("super3/swe1")) == ["reward", "rollout"]
+    assert stage_services(load_recipe("tiny/swe2")) == ["reward", "rollout", "swe-runner"]
+    assert stage_services(load_recipe("super3/swe2")) == ["reward", "rollout", "swe-runner"]
+    mixed = load_recipe("tiny/swe1", ["data.default_env=code"])
+    assert stage_services(mixed) == ["sandbox", "reward", "rollout"]
+    assert stage_services(load_recipe("test")) == ["sandbox", "reward", "rollout"]  # rlvr
+    plan = local_overrides(load_recipe("tiny/swe1"), "hf")
+    assert sorted(plan) == ["reward", "rollout"]
+    assert wiring_problem(load_recipe("tiny/swe1"), plan) is None
+
+
+def test_compose_gives_the_reward_gateway_the_swe_runner() -> None:
+    """What `rlfleet rl swe --run compose` passes the reward container (read from
+    deploy/compose/compose.yaml with the variables the launcher sets)."""
+    swe2 = load_recipe("tiny/swe2", ["policy.model=tiny"])
+    plan = compose_overrides(swe2, ComposeProfile(), "hf")
+    assert sorted(plan) == ["reward", "rollout", "swe-runner"]
+    assert "swe.target=swe-runner:50051" in plan["reward"]
+    assert "sandbox.target=" in plan["reward"]  # no sandbox in this stage: unset
+    assert wiring_problem(swe2, plan) is None
+    assert service_problem("reward", plan["reward"], installed_only=False) is None
+    rlvr = compose_overrides(load_recipe("test", ["policy.model=tiny"]), ComposeProfile(), "hf")
+    assert "sandbox.target=sandbox:50051" in rlvr["reward"] and "swe.target=" in rlvr["reward"]
+    dry = launch_plan(swe2, ComposeProfile(project_name="p"), Path("runs/swe2"), "hf")
+    up = dry.splitlines()[0]
+    assert "REWARD_SWE_TARGET=swe-runner:50051" in up and "REWARD_SANDBOX_TARGET= " in up
+    assert up.endswith("up -d --no-deps --wait --wait-timeout 600 reward rollout swe-runner")
+
+
+def test_slurm_gives_the_reward_gateway_the_swe_runner(tmp_path: Path) -> None:
+    profile = SlurmProfile.model_validate(
+        {"partition": "cpu", "nodes": {"sandbox": 0, "swe_runner": 1}, "job_dir": "/jobs",
+         "container_runtime": "none"}
+    )  # fmt: skip
+    swe2 = load_recipe("tiny/swe2")
+    plan = planned_overrides(swe2, profile, tmp_path, "hf")
+    assert plan["reward"][0] == "swe.target=$SWE_RUNNER_TARGET"
+    assert not any(o.startswith("sandbox.target") for o in plan["reward"])
+    assert wiring_problem(swe2, plan) is None
+    script = launch_plan(swe2, profile, tmp_path, "hf")
+    # The gateway (component 2) starts once the swe-runner has published its address.
+    assert "\nwait_for SWE_RUNNER_TARGET\nsrun --het-group=2 " in script
+    assert '"swe.target=$SWE_RUNNER_TARGET"' in script.split("srun --het-group=2 ")[1]
+    both = SlurmProfile.model_validate({**profile.model_dump(), "nodes": {"swe_runner": 1}})
+    rlvr_like = load_recipe("tiny/swe2", ["data.env_weights={swe_agent: 1, code: 1}"])
+    script = launch_plan(rlvr_like, both, tmp_path, "hf")
+    assert "wait_for SANDBOX_TARGET SWE_RUNNER_TARGET" in script

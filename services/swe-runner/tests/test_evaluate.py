@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlfleet_core.client import connect
 from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
+from rlfleet_swe.backends import process_owner
 from rlfleet_swe.service import SERVICE
 from swe_testlib import SMALL, diff_of, host_checkout, instances, labelled, request_for
 
@@ -121,9 +122,12 @@ async def test_missing_image_is_an_infra_error(stub: swe_pb2_grpc.SweRunnerServi
 
 
 async def test_stale_containers_are_removed_at_start(images: object, runner_label: str) -> None:
+    """A leftover of a runner that is gone (its pid now another process's)."""
     image = INSTANCES["rlfleet__tinystats-1"].image
+    host, boot, pid, _ = process_owner().split("/")
     subprocess.run(
         ["docker", "run", "-d", "--rm", "--label", f"rlfleet.swe.runner={runner_label}",
+         "--label", f"rlfleet.swe.owner={host}/{boot}/{pid}/1",
          "--network", "none", image, "sleep", "600"],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip

@@ -28,7 +28,12 @@ from rlfleet_core.config import ConfigError, read_yaml
 from rlfleet_core.server import load_service_config
 
 from rlfleet_pipeline.fleet import wiring
-from rlfleet_pipeline.launch.compose import ROLLOUT_ENGINE_VAR, ROLLOUT_MODEL_VAR, ComposeError
+from rlfleet_pipeline.launch.compose import (
+    ROLLOUT_ENGINE_VAR,
+    ROLLOUT_MODEL_VAR,
+    ComposeError,
+    reward_target_env,
+)
 from rlfleet_pipeline.launch.profiles import ComposeProfile, Profile, SlurmProfile
 from rlfleet_pipeline.launch.slurm import components, service_commands
 from rlfleet_pipeline.services import ServiceNotFound, get_service
@@ -70,7 +75,11 @@ def compose_overrides(
 ) -> dict[str, list[str]]:
     """The `key=value` items of each stage service's `command:` in the compose file, with
     the variables `run_compose` sets filled in."""
-    env = {ROLLOUT_ENGINE_VAR: engine, ROLLOUT_MODEL_VAR: recipe.policy.model}
+    env = {
+        ROLLOUT_ENGINE_VAR: engine,
+        ROLLOUT_MODEL_VAR: recipe.policy.model,
+        **reward_target_env(stage_services(recipe)),
+    }
     path = compose_stack(profile).compose_file
     try:
         services = read_yaml(path).get("services", {})
@@ -114,6 +123,11 @@ def service_problem(name: str, overrides: list[str], *, installed_only: bool) ->
     return None
 
 
+def _has_value(key: str, overrides: list[str]) -> bool:
+    """`key=<something>` is among the overrides (an empty value means unset)."""
+    return any(o.startswith(f"{key}=") and o != f"{key}=" for o in overrides)
+
+
 def wiring_problem(recipe: RecipeConfig, plan: dict[str, list[str]]) -> str | None:
     """Why the plan misses a service or a connection the stage needs, or None."""
     needed = stage_services(recipe)
@@ -130,20 +144,19 @@ def wiring_problem(recipe: RecipeConfig, plan: dict[str, list[str]]) -> str | No
             f"the launch plan starts the rollout service without {model} (it would serve "
             "another model than the trainer's policy.model, with other token ids)"
         )
-    if "sandbox" in needed and not any(o.startswith("sandbox.target=") for o in plan["reward"]):
+    if "sandbox" in needed and not _has_value("sandbox.target", plan["reward"]):
         return (
             f"stage {recipe.stage} scores code in the sandbox, but the launch plan gives the "
             "reward service no sandbox.target (its code environment would answer "
             "SANDBOX_ERROR)"
         )
-    if SWE_AGENT_ENV in recipe.multi_turn.envs and not any(
-        o.startswith("swe.target=") for o in plan.get("reward", [])
+    if SWE_AGENT_ENV in recipe.multi_turn.envs and not _has_value(
+        "swe.target", plan.get("reward", [])
     ):
         return (
             f"stage {recipe.stage} runs swe_agent episodes, but the launch plan gives the "
-            "reward service no swe.target (OpenEpisode would answer UNAVAILABLE); only the "
-            "local launcher wires it yet: use --run local, or add swe.target=<host:port of "
-            "the swe-runner> to the reward's command"
+            "reward service no swe.target (OpenEpisode would answer UNAVAILABLE); add "
+            "swe.target=<host:port of the swe-runner> to the reward's command"
         )
     return None
 

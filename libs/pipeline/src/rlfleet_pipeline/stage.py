@@ -24,6 +24,7 @@ from rlfleet_pipeline.launch.compose import (
     ComposeError,
     ComposeStack,
     ensure_token_file,
+    reward_target_env,
     token_file_for,
 )
 from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile, SlurmProfile
@@ -35,14 +36,33 @@ SERVICES_FOR_STAGE = {
     "rlvr": ["sandbox", "reward", "rollout"],
     "grpo": ["sandbox", "reward", "rollout"],
     "rlhf": ["reward", "rollout"],
-    "swe": ["sandbox", "reward", "rollout", "swe-runner"],
 }
+SWE_ENV_SERVICES = {"swe_pivot": (), "swe_agent": ("swe-runner",)}
+"""What a swe stage's environments need beyond reward + rollout: swe_pivot compares tool
+calls (no container), swe_agent runs sessions in the swe-runner. Any other environment
+of a swe stage gets the sandbox (the code environments need it)."""
+SERVICE_ORDER = ("sandbox", "reward", "rollout", "swe-runner")
+
+
+def stage_envs(recipe: RecipeConfig) -> list[str]:
+    """The environments a recipe names: its multi-turn envs and blend weights, and
+    data.default_env for a single-turn stage (a multi-turn stage's rows name their env)."""
+    named = [*recipe.multi_turn.envs, *recipe.data.env_weights]
+    if not recipe.multi_turn.envs:
+        named.append(recipe.data.default_env)
+    return list(dict.fromkeys(named))
 
 
 def stage_services(recipe: RecipeConfig) -> list[str]:
-    """The services the recipe's stage needs (by its kind: the stage name's prefix)."""
+    """The services the recipe's stage needs: by its kind (the stage name's prefix); a swe
+    stage's from what its environments need (SWE_ENV_SERVICES)."""
     kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
-    return SERVICES_FOR_STAGE[kind]
+    if kind != "swe":
+        return SERVICES_FOR_STAGE[kind]
+    needed = {"reward", "rollout"}
+    for env in stage_envs(recipe):
+        needed.update(SWE_ENV_SERVICES.get(env, ("sandbox",)))
+    return [s for s in SERVICE_ORDER if s in needed]
 
 
 ROLLOUT_ENGINES = ("vllm", "hf")
@@ -146,11 +166,12 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
     if isinstance(profile, ComposeProfile):
         stack = compose_stack(profile)
         token = token_file_for(run_dir, os.environ)  # made (0600) by the run if missing
+        targets = " ".join(f"{k}={v}" for k, v in reward_target_env(services).items())
         env = (
             f"{ROLLOUT_ENGINE_VAR}={engine} {ROLLOUT_MODEL_VAR}={recipe.policy.model} "
-            f"{TOKEN_FILE_ENV}={token}"
+            f"{TOKEN_FILE_ENV}={token} {targets}"
         )
-        up = stack.command("up", "-d", "--wait", "--wait-timeout", str(profile.wait_timeout_s))
+        up = stack.command(*stack.up_args(profile.wait_timeout_s))
         train = trainer_command(
             recipe_file,
             run_dir,
@@ -281,7 +302,13 @@ def run_compose(
     token_file = token_file_for(run_dir, os.environ)
     env = {**os.environ, TOKEN_FILE_ENV: str(token_file)}
     stack = compose_stack(
-        profile, {**env, ROLLOUT_ENGINE_VAR: engine, ROLLOUT_MODEL_VAR: recipe.policy.model}
+        profile,
+        {
+            **env,
+            ROLLOUT_ENGINE_VAR: engine,
+            ROLLOUT_MODEL_VAR: recipe.policy.model,
+            **reward_target_env(services),
+        },
     )
     stack.check_docker()
     stack.check_images(services)

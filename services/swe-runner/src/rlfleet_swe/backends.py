@@ -1,8 +1,16 @@
 """Container backends: each runs one command in a fresh container of an instance's image,
 with stdin, a memory/CPU/process cap and no network, and kills it at a deadline.
 
-docker: `docker run --rm -i` with a unique name and the runner's label, so the watchdog can
+docker: `docker run --rm -i` with a unique name and the runner's labels, so the watchdog can
 `docker kill` it by name and leftovers from a crash are found by label and removed.
+
+Labels: `rlfleet.swe.runner=<eval.runner_label>` (a group name, the same for every runner of
+a deployment), `rlfleet.swe.instance=<random id made at start>` and `rlfleet.swe.owner=
+<host>/<boot id>/<pid>/<process start time>` (the runner process). At start a runner removes
+only containers of its group whose owner is gone: same host and boot, and that pid is not
+running or is another process (its start time differs). Containers of a live runner, or of
+one on another host or in another container (its hostname differs: it cannot be checked
+from here), are left alone; at stop a runner removes every container of its own instance.
 apptainer: `apptainer exec --containall --writable-tmpfs` over a `.sif` path with
 Apptainer's cgroup flags; the container is the process tree of that command, so the
 watchdog ends it by killing the process group.
@@ -16,15 +24,87 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from rlfleet_swe.config import EvalConfig
 
 logger = logging.getLogger(__name__)
 RUNNER_LABEL = "rlfleet.swe.runner"
+INSTANCE_LABEL = "rlfleet.swe.instance"
+OWNER_LABEL = "rlfleet.swe.owner"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22); None
+    when no such process runs."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def process_owner(pid: int | None = None) -> str:
+    """This process as an owner label value: host/boot id/pid/start time."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_time(pid)}"
+
+
+def owner_gone(owner: str) -> bool:
+    """Whether the runner process `owner` names has surely ended. False when it cannot
+    be told from here (another host, another boot, or a malformed value)."""
+    parts = owner.split("/")
+    if len(parts) != 4 or not parts[2].isdigit():
+        return False
+    host, boot, pid, started = parts
+    if host != socket.gethostname() or boot != _boot_id():
+        return False
+    return _start_time(int(pid)) != started
+
+
+@dataclass(frozen=True)
+class RunnerIdentity:
+    """Who this runner instance is, as the labels on its containers."""
+
+    group: str
+    instance: str = field(default_factory=lambda: secrets.token_hex(8))
+    owner: str = field(default_factory=process_owner)
+
+    def label_args(self) -> list[str]:
+        return [
+            "--label", f"{RUNNER_LABEL}={self.group}",
+            "--label", f"{INSTANCE_LABEL}={self.instance}",
+            "--label", f"{OWNER_LABEL}={self.owner}",
+        ]  # fmt: skip
+
+
+async def remove_labelled(docker: str, timeout: float, *filters: str,
+                          keep: Callable[[str], bool] = lambda _: False) -> int:  # fmt: skip
+    """`docker rm -f` the containers matching every `label=` filter whose owner label
+    `keep` does not accept; returns how many."""
+    args = [f"--filter=label={f}" for f in filters]
+    fmt = '{{.ID}} {{.Label "' + OWNER_LABEL + '"}}'
+    _, out = await run_cmd([docker, "ps", "-a", *args, "--format", fmt], timeout)
+    ids = []
+    for line in out.decode().splitlines():
+        cid, _, owner = line.partition(" ")
+        if cid and not keep(owner):
+            ids.append(cid)
+    if ids:
+        await run_cmd([docker, "rm", "-f", "-v", *ids], timeout)
+    return len(ids)
 
 
 @dataclass(frozen=True)
@@ -40,6 +120,23 @@ class RunResult:
     """None when the watchdog killed the container."""
     output: bytes
     timed_out: bool
+    disk_written: int = 0
+    """Bytes of the writable layer when the disk watchdog ended the call (0: it did not)."""
+
+
+async def disk_over(docker: str, name: str, cap: int, interval: float, timeout: float) -> int:
+    """Wait until container `name`'s writable layer is over `cap` bytes; its size then.
+    A failed measurement (the container is starting or gone) is tried again."""
+    argv = [docker, "container", "inspect", "--size", "--format", "{{.SizeRw}}", name]
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            rc, out = await run_cmd(argv, timeout)
+        except (TimeoutError, OSError):
+            continue
+        text = out.decode().strip()
+        if rc == 0 and text.isdigit() and int(text) > cap:
+            return int(text)
 
 
 OnDeadline = Callable[[asyncio.subprocess.Process], Awaitable[None]]
@@ -116,19 +213,22 @@ class Backend(Protocol):
 
     async def remove_stale(self) -> int: ...
 
+    async def remove_own(self) -> int: ...
+
 
 class DockerBackend:
-    def __init__(self, config: EvalConfig) -> None:
+    def __init__(self, config: EvalConfig, identity: RunnerIdentity) -> None:
         self.config = config
+        self.identity = identity
 
     def command(self, name: str, image: str, workdir: str, limits: Limits,
                 argv: list[str]) -> list[str]:  # fmt: skip
         return [
             self.config.docker, "run", "--rm", "-i", "--pull", "never", "--name", name,
-            "--label", f"{RUNNER_LABEL}={self.config.runner_label}",
-            "--network", "none",
+            *self.identity.label_args(), "--network", "none",
             "--memory", str(limits.memory_bytes), "--memory-swap", str(limits.memory_bytes),
             "--cpus", f"{limits.cpus:g}", "--pids-limit", str(limits.pids),
+            "--ulimit", f"fsize={self.config.disk_bytes}",
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--workdir", workdir, image, *argv,
         ]  # fmt: skip
@@ -153,32 +253,50 @@ class DockerBackend:
                   stdin: bytes, timeout: float) -> RunResult:  # fmt: skip
         name = f"rlfleet-swe-{secrets.token_hex(8)}"
 
-        async def kill(proc: asyncio.subprocess.Process) -> None:
+        async def kill(proc: asyncio.subprocess.Process | None) -> None:
             del proc
             with contextlib.suppress(TimeoutError, OSError):
                 await run_cmd([self.config.docker, "kill", name], self.config.docker_call_timeout_s)
 
+        config = self.config
+        running = asyncio.ensure_future(_run_with_watchdog(
+            self.command(name, image, workdir, limits, argv), stdin, timeout, kill,
+            config.max_output_bytes,
+        ))  # fmt: skip
+        disk = asyncio.ensure_future(disk_over(
+            config.docker, name, config.disk_bytes, config.disk_check_interval_s,
+            config.docker_call_timeout_s,
+        ))  # fmt: skip
         try:
-            return await _run_with_watchdog(
-                self.command(name, image, workdir, limits, argv),
-                stdin,
-                timeout,
-                kill,
-                self.config.max_output_bytes,
-            )
+            await asyncio.wait({running, disk}, return_when=asyncio.FIRST_COMPLETED)
+            if not disk.done():
+                return running.result()
+            await kill(None)
+            result = await running
+            result.disk_written = disk.result()
+            return result
         finally:
+            disk.cancel()
+            if not running.done():
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
             # --rm removes it on a normal exit; this covers a killed or cancelled call.
             await asyncio.shield(self._remove(name))
 
     async def remove_stale(self) -> int:
-        label = f"label={RUNNER_LABEL}={self.config.runner_label}"
-        _, out = await run_cmd(
-            [self.config.docker, "ps", "-aq", "--filter", label], self.config.docker_call_timeout_s
-        )
-        ids = out.decode().split()
-        if ids:
-            await run_cmd([self.config.docker, "rm", "-f", *ids], self.config.docker_call_timeout_s)
-        return len(ids)
+        """Leftovers of this runner group whose runner process is gone (a crash)."""
+        return await remove_labelled(
+            self.config.docker, self.config.docker_call_timeout_s,
+            f"{RUNNER_LABEL}={self.identity.group}", keep=lambda owner: not owner_gone(owner),
+        )  # fmt: skip
+
+    async def remove_own(self) -> int:
+        """Every container of this runner instance (at stop)."""
+        return await remove_labelled(
+            self.config.docker, self.config.docker_call_timeout_s,
+            f"{INSTANCE_LABEL}={self.identity.instance}",
+        )  # fmt: skip
 
 
 class ApptainerBackend:
@@ -216,6 +334,11 @@ class ApptainerBackend:
     async def remove_stale(self) -> int:
         return 0
 
+    async def remove_own(self) -> int:
+        return 0
 
-def make_backend(config: EvalConfig) -> Backend:
-    return DockerBackend(config) if config.backend == "docker" else ApptainerBackend(config)
+
+def make_backend(config: EvalConfig, identity: RunnerIdentity) -> Backend:
+    if config.backend == "docker":
+        return DockerBackend(config, identity)
+    return ApptainerBackend(config)

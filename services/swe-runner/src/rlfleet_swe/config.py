@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from rlfleet_core.config import ConfigModel
 from rlfleet_core.server import ServiceConfig
 
@@ -32,6 +32,16 @@ class EvalConfig(ConfigModel):
     """CPUs per container (docker --cpus / apptainer --cpus)."""
     pids_limit: int = Field(512, ge=16)
     """Processes per container: a fork bomb stops here."""
+    disk_bytes: int = Field(10 << 30, ge=1 << 20)
+    """What one container may write (docker backend). Docker's `--storage-opt size=` works
+    only for overlay2 on xfs with pquota (not this machine's ext4), so two parts: `--ulimit
+    fsize` (no single file grows past it: the kernel refuses the write, "File size limit
+    exceeded") and a watchdog on the container's writable layer (`docker container inspect
+    --size`, every `disk_check_interval_s`) that ends the call once the total is over: an
+    Evaluate scores 0 (tests MISSING), a session is closed. The total can overshoot by what
+    the container writes in one interval."""
+    disk_check_interval_s: float = Field(1.0, gt=0)
+    """How often the disk watchdog measures a running container's writable layer."""
     docker_call_timeout_s: float = Field(60.0, gt=0)
     """Deadline of each docker/apptainer call other than the tests themselves (start,
     kill, remove, list)."""
@@ -84,6 +94,22 @@ class SessionsConfig(ConfigModel):
     """Upper bound on a request's `timeout_s`."""
     max_output_bytes: int = Field(65536, ge=1024)
     """A tool's output is cut to its last this many characters."""
+    submit_exclude: list[str] = Field(
+        default_factory=lambda: [
+            "__pycache__", "*.pyc", "*.pyo", ".pytest_cache", ".mypy_cache", ".ruff_cache",
+            ".hypothesis", ".coverage", "*.egg-info",
+        ]
+    )  # fmt: skip
+    """File and folder names (globs) left out of the patch at submit, in any folder:
+    what running the tests or tools leaves behind, not the agent's change."""
+
+    @field_validator("submit_exclude")
+    @classmethod
+    def _plain_names(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern or "/" in pattern or pattern.startswith(":") or "\x00" in pattern:
+                raise ValueError(f"{pattern!r}: use a file or folder name or glob, no '/'")
+        return value
 
 
 class SweRunnerServiceConfig(ServiceConfig):

@@ -120,7 +120,16 @@ class Evaluator:
         # Only the driver's lines count: they carry this call's nonce (see driver.py).
         ours = MARKER + nonce + " "
         markers = [line[len(ours) :] for line in output.splitlines() if line.startswith(ours)]
-        if run.timed_out:
+        if run.disk_written:
+            # The patch's code filled the disk: its tests did not finish, so it scores 0.
+            result.status = swe_pb2.EVAL_STATUS_COMPLETED
+            result.error = (
+                f"the container wrote {run.disk_written} bytes, over eval.disk_bytes="
+                f"{self.config.disk_bytes}; it was stopped"
+            )
+            _, tests = score({}, list(request.fail_to_pass), list(request.pass_to_pass))
+            result.tests.extend(tests)
+        elif run.timed_out:
             result.status = swe_pb2.EVAL_STATUS_TIMEOUT
             result.error = f"killed at the deadline ({timeout:g} s)"
         elif any(m.startswith("apply-failed") for m in markers):

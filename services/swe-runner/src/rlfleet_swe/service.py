@@ -9,7 +9,7 @@ from rlfleet_core.server import BaseService, ServiceDefinition
 from rlfleet_proto import SWE_RUNNER_SERVICE
 from rlfleet_proto.v1 import swe_pb2_grpc
 
-from rlfleet_swe.backends import make_backend
+from rlfleet_swe.backends import RunnerIdentity, make_backend
 from rlfleet_swe.config import SweRunnerServiceConfig
 from rlfleet_swe.evaluate import Evaluator
 from rlfleet_swe.grpc_face import SweRunnerServicer
@@ -21,9 +21,10 @@ logger = logging.getLogger(__name__)
 class SweRunnerService(BaseService):
     def __init__(self, config: SweRunnerServiceConfig) -> None:
         self.config = config
-        self.backend = make_backend(config.eval)
+        self.identity = RunnerIdentity(config.eval.runner_label)
+        self.backend = make_backend(config.eval, self.identity)
         self.evaluator = Evaluator(config.eval, self.backend)
-        self.sessions = SessionManager(config.eval, config.sessions)
+        self.sessions = SessionManager(config.eval, config.sessions, self.identity)
 
     def add_to_server(self, server: aio.Server) -> None:
         swe_pb2_grpc.add_SweRunnerServiceServicer_to_server(
@@ -44,6 +45,11 @@ class SweRunnerService(BaseService):
 
     async def stop(self) -> None:
         await self.sessions.stop()
+        # Anything of this instance still there (a removal that timed out) goes now.
+        try:
+            await self.backend.remove_own()
+        except (OSError, TimeoutError) as error:
+            logger.warning("could not remove this runner's containers: %s", error)
 
 
 SERVICE = ServiceDefinition(

@@ -21,12 +21,13 @@ import math
 import re
 import secrets
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from rlfleet_proto.v1 import swe_pb2
 
-from rlfleet_swe.backends import RUNNER_LABEL, run_cmd
+from rlfleet_swe.backends import RunnerIdentity, disk_over, run_cmd
 from rlfleet_swe.config import EvalConfig, SessionsConfig
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,44 @@ print("edited %s" % path)
 """
 
 
+# Each tool call runs under this, inside the container: the call under `timeout`, then
+# every other process of the container but its PID 1 is killed (kill -1 spares the caller
+# and PID 1), so nothing the call backgrounded, setsid'ed or forked outlives it. Only
+# builtins after the call: a fork bomb may have taken every pid of the cap.
+_RUN = r"""t=$1; shift
+timeout -s KILL "$t" "$@"
+rc=$?
+n=0
+while kill -9 -1 2>/dev/null && [ "$n" -lt 100000 ]; do n=$((n + 1)); done
+exit $rc"""
+
+
+# PID 1 of a docker session: it only reaps. Processes killed after a call are re-parented
+# to PID 1; `sleep infinity` there never reaped them, and their zombies kept the pids cap
+# full (a killed fork bomb left the session unable to fork).
+_REAPER = r"""
+import os, signal
+def reap(*_):
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+signal.signal(signal.SIGCHLD, reap)
+while True:
+    signal.pause()
+"""
+
+
+def exclude_pathspecs(patterns: list[str]) -> list[str]:
+    """git pathspecs that leave `patterns` (file or folder names, globs) out, anywhere."""
+    return [
+        f":(exclude,glob){where}"
+        for pattern in patterns
+        for where in (f"**/{pattern}", f"**/{pattern}/**")
+    ]
+
+
 def owner_of(client_key: str | None) -> str:
     """The owner a client key stands for: a hash, so the key is never kept or logged."""
     if not client_key:
@@ -66,6 +105,14 @@ def owner_of(client_key: str | None) -> str:
     if not _CLIENT_KEY.match(client_key):
         raise InvalidArgument(CLIENT_KEY_HEADER, "use 16-256 printable ASCII characters")
     return "k" + hashlib.sha256(client_key.encode()).hexdigest()[:32]
+
+
+class DiskFull(Exception):
+    """A session's container wrote more than eval.disk_bytes."""
+
+    def __init__(self, written: int) -> None:
+        super().__init__(written)
+        self.written = written
 
 
 @dataclass
@@ -81,9 +128,12 @@ class Session:
 
 
 class SessionManager:
-    def __init__(self, eval_config: EvalConfig, config: SessionsConfig) -> None:
+    def __init__(
+        self, eval_config: EvalConfig, config: SessionsConfig, identity: RunnerIdentity
+    ) -> None:
         self.eval = eval_config
         self.config = config
+        self.identity = identity
         self._sessions: dict[tuple[str, str], Session] = {}
         self._opening = 0
         self._reaper: asyncio.Task[None] | None = None
@@ -158,9 +208,10 @@ class SessionManager:
                     "--cleanenv", "--net", "--network", "none", *caps, image, name]  # fmt: skip
         return [
             self.eval.docker, "run", "-d", "--rm", "--pull", "never", "--name", name,
-            "--label", f"{RUNNER_LABEL}={self.eval.runner_label}", "--network", "none", *caps,
+            *self.identity.label_args(), "--network", "none", *caps,
+            "--ulimit", f"fsize={self.eval.disk_bytes}",
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--workdir", workdir, "--entrypoint", "sleep", image, "infinity",
+            "--workdir", workdir, "--entrypoint", "python3", image, "-c", _REAPER,
         ]  # fmt: skip
 
     def _exec_prefix(self, session: Session) -> list[str]:
@@ -213,14 +264,42 @@ class SessionManager:
     async def _exec(self, session: Session, argv: list[str], stdin: bytes, timeout: float,
                     keep: int | None = None) -> tuple[int, str, bool]:  # fmt: skip
         """Run argv in the session's container; the command is killed inside the container
-        at `timeout` (coreutils timeout), and the docker call has a deadline past that."""
-        command = [*self._exec_prefix(session), "timeout", "-s", "KILL", f"{timeout:g}", *argv]
+        at `timeout` (coreutils timeout), and the docker call has a deadline past that.
+        docker: the disk watchdog (eval.disk_bytes) runs beside it; over the cap the
+        container is removed and DiskFull raised."""
+        command = [*self._exec_prefix(session), "bash", "-c", _RUN, "run", f"{timeout:g}", *argv]
+        call = run_cmd(command, timeout + self.eval.docker_call_timeout_s, stdin)
         try:
-            rc, out = await run_cmd(command, timeout + self.eval.docker_call_timeout_s, stdin)
+            if self.eval.backend == "docker":
+                rc, out = await self._watching_disk(session, call)
+            else:
+                rc, out = await call
         except TimeoutError:
             return -1, "", True
         text = out.decode(errors="replace")[-(keep or self.config.max_output_bytes) :]
         return rc, text, rc in (124, 137)
+
+    async def _watching_disk(
+        self, session: Session, call: Coroutine[object, object, tuple[int, bytes]]
+    ) -> tuple[int, bytes]:
+        running = asyncio.ensure_future(call)
+        disk = asyncio.ensure_future(disk_over(
+            self.eval.docker, session.container, self.eval.disk_bytes,
+            self.eval.disk_check_interval_s, self.eval.docker_call_timeout_s,
+        ))  # fmt: skip
+        try:
+            await asyncio.wait({running, disk}, return_when=asyncio.FIRST_COMPLETED)
+            if not disk.done():
+                return running.result()
+            # Removing the container ends the command and frees what it wrote.
+            await self._close(session)
+            raise DiskFull(disk.result())
+        finally:
+            disk.cancel()
+            if not running.done():
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await running
 
     async def run_tool(
         self, owner: str, request: swe_pb2.SweRunToolRequest
@@ -242,6 +321,15 @@ class SessionManager:
             session.last_used = time.monotonic()
             try:
                 return await self._run_tool(session, request, timeout)
+            except DiskFull as full:
+                self._sessions.pop((owner, session.session_id), None)
+                return swe_pb2.SweRunToolReply(
+                    output=f"the session's container wrote {full.written} bytes, over "
+                    f"eval.disk_bytes={self.eval.disk_bytes}: the command was stopped and "
+                    "the session closed",
+                    exit_code=-1,
+                    error=True,
+                )
             finally:
                 session.last_used = time.monotonic()
 
@@ -270,11 +358,14 @@ class SessionManager:
             return swe_pb2.SweRunToolReply(
                 output=out, exit_code=rc, timed_out=timed_out, error=rc != 0
             )
-        # Submit: the work tree's changes, new files included, against base_commit.
-        script = 'git add -A >/dev/null && git diff --cached --no-color --no-ext-diff "$1"'
+        # Submit: the work tree's changes, new files included, against base_commit; build
+        # junk (sessions.submit_exclude) is left out by pathspec, so the repository's own
+        # .gitignore is not touched.
+        script = 'git add -A >/dev/null && git diff --cached --no-color --no-ext-diff "$@"'
+        excluded = exclude_pathspecs(self.config.submit_exclude)
         rc, out, timed_out = await self._exec(
             session,
-            ["bash", "-c", script, "submit", session.base_commit],
+            ["bash", "-c", script, "submit", session.base_commit, "--", ".", *excluded],
             b"",
             timeout,
             keep=self.eval.max_patch_bytes + 1,

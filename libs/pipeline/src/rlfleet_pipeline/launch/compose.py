@@ -1,7 +1,8 @@
 """`rlfleet rl <stage> --run compose`: the stage's services as containers of
 deploy/compose/compose.yaml, the trainer as a process on this host.
 
-    docker compose -f <compose_file> -p <project> up -d --wait sandbox reward rollout
+    REWARD_SANDBOX_TARGET=sandbox:50051 REWARD_SWE_TARGET= \\
+    docker compose -f <compose_file> -p <project> up -d --no-deps --wait sandbox reward rollout
     python -m rlfleet_trainer run -c <run>/recipe.yaml --run-dir <run> \\
         services.rollout=127.0.0.1:<published> services.reward=127.0.0.1:<published> \\
         services.weight_transport=grpc_stream
@@ -44,6 +45,18 @@ ROLLOUT_MODEL_VAR = "ROLLOUT_MODEL"
 """compose.yaml passes these to the rollout service as `engine=` and `model=`."""
 GRPC_PORT = 50051
 """Every image serves gRPC on this container port (compose.yaml publishes it)."""
+REWARD_TARGET_VARS = {"sandbox": "REWARD_SANDBOX_TARGET", "swe-runner": "REWARD_SWE_TARGET"}
+"""compose.yaml gives the reward gateway `sandbox.target=${REWARD_SANDBOX_TARGET-...}` and
+`swe.target=${REWARD_SWE_TARGET-...}`: unset (a plain `up` of all five) each names its
+service on the compose network; a stage sets them, empty for a service it does not start."""
+
+
+def reward_target_env(services: Sequence[str]) -> dict[str, str]:
+    """The REWARD_*_TARGET variables for a stack that starts `services`."""
+    return {
+        var: f"{service}:{GRPC_PORT}" if service in services else ""
+        for service, var in REWARD_TARGET_VARS.items()
+    }
 
 
 class ComposeError(RuntimeError):
@@ -176,16 +189,19 @@ class ComposeStack:
     # --- lifecycle -----------------------------------------------------------------------
 
     def up(self, services: Sequence[str], wait_timeout_s: float) -> None:
-        timeout = f"{wait_timeout_s:.0f}"
-        started = self.run(
-            "up", "-d", "--wait", "--wait-timeout", timeout, *services, timeout=wait_timeout_s + 120
-        )
+        """Start exactly `services` (--no-deps: compose.yaml's depends_on would add the
+        sandbox to every stage that starts the reward gateway) and wait until healthy."""
+        started = self.run(*self.up_args(wait_timeout_s), *services, timeout=wait_timeout_s + 120)
         if started.returncode != 0:
             logs = self.run("logs", "--no-color", "--tail", "20", *services).stdout
             raise ComposeError(
                 f"`docker compose up` failed (exit {started.returncode}): "
                 f"{started.stderr.strip()[-1500:]}\n--- last log lines ---\n{logs.strip()[-3000:]}"
             )
+
+    @staticmethod
+    def up_args(wait_timeout_s: float) -> list[str]:
+        return ["up", "-d", "--no-deps", "--wait", "--wait-timeout", f"{wait_timeout_s:.0f}"]
 
     def target(self, service: str) -> str:
         """host:port of the service's published gRPC port."""

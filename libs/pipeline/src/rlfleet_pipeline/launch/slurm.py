@@ -8,8 +8,8 @@ spreads its workers there, `RAY_SERVICES`), listening on 0.0.0.0 at its own port
 (`grpc_port` + an offset per service, so that components sharing a node do not collide).
 Services find each other through `<job_dir>/<jobid>/addresses.env`: each service appends
 `<SERVICE>_TARGET=<node>:<port>` once its health check says SERVING, and whoever needs an
-address (the reward gateway the sandbox's, the trainer all of them) sources the file until
-it is there. The wait has a deadline and ends as soon as a service's step exits, naming
+address (the reward gateway the sandbox's and the swe-runner's, the trainer all of them)
+sources the file until it is there. The wait has a deadline and ends as soon as a service's step exits, naming
 the service and its log; no port is guessed across nodes.
 
 The trainer component runs `trainer_tasks_per_node` tasks on each of its nodes, each with
@@ -237,6 +237,15 @@ wait_for() {
 }"""
 
 
+REWARD_TARGETS = {"sandbox": "sandbox.target", "swe-runner": "swe.target"}
+"""The reward gateway's override naming each service it calls (when the job has it)."""
+
+
+def _reward_targets(comps: list[Component]) -> dict[str, str]:
+    """override key -> address variable, for the services of `comps` the gateway calls."""
+    return {REWARD_TARGETS[c.service]: c.target_var for c in comps if c.service in REWARD_TARGETS}
+
+
 def service_commands(
     profile: SlurmProfile, comps: list[Component], overrides: dict[str, list[str]]
 ) -> dict[str, list[str]]:
@@ -247,8 +256,8 @@ def service_commands(
     for comp in comps[1:]:
         port = service_port(profile, comp.service)
         command = [ENTRY[comp.service], "--host", "0.0.0.0", "--port", str(port)]
-        if comp.service == "reward" and any(c.service == "sandbox" for c in comps):
-            command.append("sandbox.target=$SANDBOX_TARGET")
+        if comp.service == "reward":
+            command += [f"{key}=${var}" for key, var in _reward_targets(comps).items()]
         if comp.nodes > 1:  # the Ray cluster the component's tasks start (task_script)
             command += ["pool.backend=ray", "ray.address=auto", f"ray.workers={comp.nodes}"]
         commands[comp.service] = command + overrides.get(comp.service, [])
@@ -312,11 +321,12 @@ def render_sbatch(
     ]
     indexed = list(enumerate(comps))
     commands = service_commands(profile, comps, overrides)
-    # The reward gateway needs the sandbox's address, so it starts after the others.
+    # The reward gateway needs the sandbox's and the swe-runner's addresses, so it starts
+    # after the others.
     for i, comp in sorted(indexed[1:], key=lambda ic: ic[1].service == "reward"):
         command = commands[comp.service]
-        if "sandbox.target=$SANDBOX_TARGET" in command:
-            body.append(_wait_for(["SANDBOX_TARGET"]))
+        if comp.service == "reward" and _reward_targets(comps):
+            body.append(_wait_for(list(_reward_targets(comps).values())))
         body.append(f'{srun_line(profile, i, comp, command)} > "$LOGS/{comp.service}.log" 2>&1 &')
         body.append(f"STEPS[$!]={comp.service}")
     body += [
