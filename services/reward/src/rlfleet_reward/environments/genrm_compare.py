@@ -25,6 +25,7 @@ Row fields:
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,11 @@ INSTRUCTIONS = (
     "3 = slightly better, 4 = Response 2 is slightly better, 5 = better, 6 = much better. "
     "End your answer with exactly one JSON object on its own line, for example:\n"
     '{"score_1": 4, "score_2": 2, "ranking": 2}'
+)
+
+
+ANSWER_FORMAT = (
+    'Answer with one JSON object: {"score_1": <1-5>, "score_2": <1-5>, "ranking": <1-6>}'
 )
 
 
@@ -134,6 +140,9 @@ def judge_messages(
     chat = "\n\n".join(f"[{role}]\n{content}" for role, content in spec.conversation)
     sections = [f"# Principle\n{principle}"] if principle else []
     sections += [f"# Conversation\n{chat}", f"# Response 1\n{first}", f"# Response 2\n{second}"]
+    # The format again, last: small judges follow what they read last (SmolLM2-135M wrote
+    # a parseable verdict 6 of 6 times with this line at temperature 0, 0 of 6 without).
+    sections.append(ANSWER_FORMAT)
     return [
         {"role": "system", "content": INSTRUCTIONS},
         {"role": "user", "content": "\n\n".join(sections)},
@@ -232,8 +241,20 @@ class GenRMCompareEnvironment(GroupEnvironment):
                 components["length_adjustment"] = length[k]
             if cfg.group_style_penalty_coeff > 0:
                 components["style_adjustment"] = style[k]
+            # [first, second, score_1, score_2, ranking] of each comparison it was in
+            verdicts = [
+                [c.first, c.second, c.verdict.score_1, c.verdict.score_2, c.verdict.ranking]
+                for c in done
+                if i in (c.first, c.second)
+            ]
             results.append(
-                scored(components, verdict="judged", comparisons=taken, group_tiebreaks=ties)
+                scored(
+                    components,
+                    verdict="judged",
+                    comparisons=taken,
+                    group_tiebreaks=ties,
+                    verdicts=json.dumps(verdicts, separators=(",", ":")),
+                )
             )
         return results
 
