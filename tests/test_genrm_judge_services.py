@@ -45,7 +45,12 @@ ROW = {
     },
     "principles": ["The answer must be correct.", "Shorter is better when equally correct."],
 }
-JUDGE_ARGS = ["judge.temperature=0", "judge.max_tokens=120", "judge.cache_size=0"]
+JUDGE_ARGS = [
+    "judge.temperature=0",
+    "judge.max_tokens=120",
+    "judge.cache_size=0",
+    "judge.request_timeout_s=240",  # a shared 2-core machine once took > 60 s for a call
+]
 
 
 def metric(url: str, name: str) -> float:
