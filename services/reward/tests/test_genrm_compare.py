@@ -294,7 +294,7 @@ async def chat_once(judge: ScriptedJudge, timeout_s: float = 5.0, **cfg: object)
         client = JudgeClient(JudgeConfig(base_url=url, backoff_s=0.01, **cfg))
         try:
             try:
-                return await client.chat([{"role": "user", "content": "x"}], timeout_s), None
+                return await client.chat([{"role": "user", "content": "x"}], timeout_s, str), None
             except JudgeError as exc:
                 return None, str(exc)
         finally:
@@ -324,7 +324,7 @@ async def test_unreachable_judge_is_retried_then_named() -> None:
     client = JudgeClient(JudgeConfig(base_url="http://127.0.0.1:9/v1", backoff_s=0.01))
     try:
         with pytest.raises(JudgeError, match=r"cannot reach the judge.*after 3 attempts"):
-            await client.chat([{"role": "user", "content": "x"}], 5.0)
+            await client.chat([{"role": "user", "content": "x"}], 5.0, str)
         assert client.calls == 3
     finally:
         await client.close()
@@ -337,9 +337,9 @@ async def test_cache_keyed_by_messages_and_sampling() -> None:
         other = JudgeClient(JudgeConfig(base_url=url, cache_size=2, temperature=0.0))
         try:
             hi = [{"role": "user", "content": "hi"}]
-            await asyncio.gather(client.chat(hi, 5), other.chat(hi, 5))
-            await client.chat(hi, 5)  # a hit
-            await client.chat([{"role": "user", "content": "ho"}], 5)
+            await asyncio.gather(client.chat(hi, 5, str), other.chat(hi, 5, str))
+            await client.chat(hi, 5, str)  # a hit
+            await client.chat([{"role": "user", "content": "ho"}], 5, str)
             assert len(judge.requests) == 3
         finally:
             await client.close()
@@ -355,3 +355,30 @@ def test_config_refuses_missing_key_env(monkeypatch: pytest.MonkeyPatch) -> None
 def test_spec_is_plain() -> None:
     spec = ENV.parse_row({**ROW, "principles": "One."})
     assert spec == GenRMSpec((("user", "Say hi."),), "One.", "general", None)
+
+
+async def test_a_retried_group_asks_again_only_what_failed() -> None:
+    # The trainer resends a group whose scores failed; cached verdicts are not asked again.
+    from judge_double import verdict_by_quality
+
+    garbled: list[str] = []
+
+    def answer(text: str) -> str:
+        if "answer 2" in text and "answer 0" in text and not garbled:
+            garbled.append(text)
+            return "no verdict"
+        return verdict_by_quality(text)
+
+    judge = ScriptedJudge(answer=answer)
+    async with serve_judge(judge) as url:
+        client = JudgeClient(JudgeConfig(base_url=url))
+        ctx = Ctx(client, GenRMConfig())
+        spec = ENV.parse_row(ROW)
+        try:
+            first = await ENV.run_group(spec, samples(3, 2, 1), ctx)
+            assert [r.failed for r in first] == [True, False, True] and len(judge.requests) == 6
+            again = await ENV.run_group(spec, samples(3, 2, 1), ctx)
+        finally:
+            await client.close()
+    assert len(judge.requests) == 7  # only the garbled comparison went to the judge again
+    assert [r.reward for r in again] == [3.0, 2.0, 1.0]

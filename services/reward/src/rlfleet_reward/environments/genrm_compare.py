@@ -275,11 +275,9 @@ class GenRMCompareEnvironment(GroupEnvironment):
         if left <= 0:
             return "no time left in the budget for this comparison"
         try:
-            answer = await judge.chat(messages, left)
+            return Comparison(first, second, await judge.chat(messages, left, parse_verdict))
         except JudgeError as exc:
             return str(exc)
-        try:
-            return Comparison(first, second, parse_verdict(answer))
         except VerdictError as exc:
             JUDGE_PARSE_FAILURES.labels(self.name).inc()
             return f"the judge's answer is not a verdict: {exc}"

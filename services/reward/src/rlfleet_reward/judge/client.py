@@ -15,7 +15,8 @@ import os
 import random
 import time
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import aiohttp
 from prometheus_client import Counter
@@ -45,6 +46,7 @@ class JudgeError(RuntimeError):
 
 
 Messages = list[dict[str, str]]
+T = TypeVar("T")
 
 
 class JudgeClient:
@@ -89,16 +91,17 @@ class JudgeClient:
         """Model + messages + every sampling parameter: a change in any is a new call."""
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
-    async def chat(self, messages: Messages, timeout_s: float) -> str:
-        """The judge's answer text (choices[0].message.content) within `timeout_s`, or
-        JudgeError saying why not."""
+    async def chat(self, messages: Messages, timeout_s: float, parse: Callable[[str], T]) -> T:
+        """`parse` of the judge's answer text (choices[0].message.content) within
+        `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:
+        a retried group asks again what failed instead of replaying the failure."""
         deadline = time.monotonic() + timeout_s
         body = self._body(messages)
         key = self.cache_key(body)
         if key in self._cache:
             self._cache.move_to_end(key)
             JUDGE_CALLS.labels("cache_hit").inc()
-            return self._cache[key]
+            return parse(self._cache[key])
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._slots:
@@ -106,11 +109,12 @@ class JudgeClient:
         except TimeoutError:
             JUDGE_CALLS.labels("timeout").inc()
             raise JudgeError(f"the judge did not answer within {timeout_s:.1f}s") from None
+        result = parse(text)  # raises before caching an answer the caller cannot use
         if self.config.cache_size:
             self._cache[key] = text
             while len(self._cache) > self.config.cache_size:
                 self._cache.popitem(last=False)
-        return text
+        return result
 
     async def _with_retries(self, body: dict[str, Any], deadline: float) -> str:
         backoff = self.config.backoff_s
