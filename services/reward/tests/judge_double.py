@@ -33,10 +33,12 @@ class ScriptedJudge:
     """HTTP statuses to answer first, one per request (then 200)."""
     hang: bool = False
     requests: list[dict[str, Any]] = field(default_factory=list)
+    authorization: list[str | None] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(body)
+        self.authorization.append(request.headers.get("Authorization"))
         if self.hang:
             await asyncio.sleep(3600)
         if self.statuses:

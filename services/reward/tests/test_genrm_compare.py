@@ -348,8 +348,15 @@ async def test_cache_keyed_by_messages_and_sampling() -> None:
 
 def test_config_refuses_missing_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RLFLEET_TEST_JUDGE_KEY", raising=False)
-    with pytest.raises(ValueError, match="RLFLEET_TEST_JUDGE_KEY"):
-        JudgeClient(JudgeConfig(base_url="http://x/v1", api_key_env="RLFLEET_TEST_JUDGE_KEY"))
+    with pytest.raises(ValueError, match="api_key_env names RLFLEET_TEST_JUDGE_KEY"):
+        JudgeConfig(base_url="http://x/v1", api_key_env="RLFLEET_TEST_JUDGE_KEY")
+
+
+async def test_api_key_is_sent_as_bearer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLFLEET_TEST_JUDGE_KEY", "k-123")
+    judge = ScriptedJudge(answer=lambda _: "ok")
+    assert await chat_once(judge, api_key_env="RLFLEET_TEST_JUDGE_KEY") == ("ok", None)
+    assert judge.authorization == ["Bearer k-123"]
 
 
 def test_spec_is_plain() -> None:

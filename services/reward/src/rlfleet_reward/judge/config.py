@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -68,6 +69,15 @@ class JudgeConfig(ConfigModel):
     """Sent as `seed` when set (reproducible sampling, where the endpoint honours it)."""
     max_answer_chars: int = Field(1 << 20, ge=1024)
     """Largest judge reply body read; a bigger one is a failure, not a memory spike."""
+
+    @model_validator(mode="after")
+    def _key_is_set(self) -> JudgeConfig:
+        # Checked at start-up, not at the first judge call hours into a run.
+        if self.base_url and self.api_key_env and not os.environ.get(self.api_key_env):
+            raise ValueError(
+                f"api_key_env names {self.api_key_env}, which is not set in the environment"
+            )
+        return self
 
 
 class GenRMConfig(ConfigModel):
