@@ -12,6 +12,7 @@ from rlfleet_core.server import ServiceConfig
 
 from rlfleet_reward.environments import ENVIRONMENT_NAMES
 from rlfleet_reward.episodes import EPISODE_ENVIRONMENT_NAMES
+from rlfleet_reward.judge.config import GenRMConfig, JudgeConfig
 from rlfleet_reward.placement import check_placements
 
 
@@ -166,7 +167,9 @@ class RewardServiceConfig(ServiceConfig):
     timeout_s: float = Field(10.0, gt=0, le=600)
     """Verification budget per response: its verdict or a TIMEOUT failure comes within
     this (queue wait included); a call's own deadline lowers it."""
-    env_timeout_s: dict[str, float] = Field(default_factory=lambda: {"code": 60.0})
+    env_timeout_s: dict[str, float] = Field(
+        default_factory=lambda: {"code": 60.0, "genrm_compare": 300.0}
+    )
     """Per-environment budgets that override `timeout_s` (e.g. code runs tests)."""
     placement: dict[str, str] = Field(default_factory=dict)
     """Where each environment's check runs, overriding its default (`placement.math=thread`):
@@ -183,6 +186,9 @@ class RewardServiceConfig(ServiceConfig):
     sandbox: SandboxConfig = SandboxConfig()
     episodes: EpisodesConfig = EpisodesConfig()
     swe: SweRunnerConfig = SweRunnerConfig()
+    judge: JudgeConfig = JudgeConfig()
+    """The LLM judge of judge-based environments (`genrm_compare`)."""
+    genrm: GenRMConfig = GenRMConfig()
 
     @field_validator("environments")
     @classmethod

@@ -27,6 +27,9 @@ from rlfleet_reward import metrics
 from rlfleet_reward.config import RewardServiceConfig
 from rlfleet_reward.environments import ENVIRONMENT_NAMES, get_environment, register_environment
 from rlfleet_reward.environments.base import Environment, Placement
+from rlfleet_reward.environments.group import GroupEnvironment
+from rlfleet_reward.judge.client import JudgeClient
+from rlfleet_reward.judge.config import GenRMConfig
 from rlfleet_reward.limits import JsonCheck, check_size, check_text, clip, loads
 from rlfleet_reward.placement import InlineRunner, ThreadRunner, resolve
 from rlfleet_reward.pool import VerifierPool
@@ -76,6 +79,12 @@ class _Context:
     def sandbox(self) -> SandboxClient | None:
         return self.gateway.sandbox
 
+    def judge(self) -> JudgeClient | None:
+        return self.gateway.judge
+
+    def genrm(self) -> GenRMConfig:
+        return self.gateway.config.genrm
+
 
 class Gateway:
     """Scores responses with the registered environments."""
@@ -115,6 +124,7 @@ class Gateway:
             if config.swe.target
             else None
         )
+        self.judge = JudgeClient(config.judge) if config.judge.base_url else None
         self.placements: dict[str, Placement] = {
             name: resolve(name, get_environment(name).placement, config.placement)
             for name in self.enabled
@@ -148,6 +158,8 @@ class Gateway:
             await self.sandbox.close()
         if self.swe_runner is not None:
             await self.swe_runner.close()
+        if self.judge is not None:
+            await self.judge.close()
 
     def environments(self) -> list[EnvironmentInfo]:
         infos = []
@@ -251,6 +263,8 @@ class Gateway:
     ) -> Score:
         """Score one response. `deadline_s`: seconds the caller will wait (None = no limit)."""
         env, spec = self.prepare(env_name, row, [sample])
+        if isinstance(env, GroupEnvironment):
+            raise InvalidArgument("env", f"{env_name} scores a group of responses: use ScoreGroup")
         return await self._run(env, spec, sample, self.budget_s(env_name, deadline_s))
 
     async def score_group(
@@ -262,9 +276,40 @@ class Gateway:
     ) -> list[Score]:
         """Score a prompt's group of responses concurrently; results in the same order."""
         env, spec = self.prepare(env_name, row, samples)
-        self.reserve(env_name, len(samples))
         budget = self.budget_s(env_name, deadline_s)
+        if isinstance(env, GroupEnvironment):
+            if len(samples) < env.min_group_size:
+                raise InvalidArgument(
+                    "responses", f"{env_name} needs at least {env.min_group_size} responses"
+                )
+            return await self._run_group(env, spec, samples, budget)
+        self.reserve(env_name, len(samples))
         return list(await asyncio.gather(*(self._run(env, spec, s, budget) for s in samples)))
+
+    async def _run_group(
+        self, env: GroupEnvironment, spec: Any, samples: Sequence[Sample], budget_s: float
+    ) -> list[Score]:
+        """A group environment's scores within `budget_s` (all TIMEOUT past it)."""
+        start = time.perf_counter()
+        results: list[Score] | None = None
+        if budget_s > 0:
+            try:
+                async with asyncio.timeout(budget_s + _BACKSTOP_S):
+                    results = await env.run_group(spec, samples, _Context(self, budget_s))
+            except TimeoutError:
+                pass
+        if results is None:
+            reason = f"{env.name} did not finish the group within {max(budget_s, 0):.2f}s"
+            results = [failure(FailureKind.TIMEOUT, reason) for _ in samples]
+        elapsed = time.perf_counter() - start
+        for result in results:
+            outcome = result.failure_kind.name.lower() if result.failed else "scored"
+            metrics.RESULTS.labels(env.name, outcome).inc()
+            metrics.VERIFY_SECONDS.labels(env.name, "gateway").observe(elapsed)
+            if not result.failed:
+                metrics.REWARD.labels(env.name).observe(result.reward)
+            result.latency_s = elapsed
+        return results
 
     def reserve(self, env_name: str, n: int) -> None:
         """Overloaded unless `n` more checks of `env_name` fit where it runs (a group is all

@@ -26,6 +26,7 @@ _REGISTRY: dict[str, str] = {
     "math_with_code": "rlfleet_reward.environments.math_with_code:MathWithCodeEnvironment",
     "math_formal_lean": "rlfleet_reward.environments.math_formal_lean:MathFormalLeanEnvironment",
     "swe_pivot": "rlfleet_reward.environments.swe_pivot:SwePivotEnvironment",
+    "genrm_compare": "rlfleet_reward.environments.genrm_compare:GenRMCompareEnvironment",
 }
 
 ENVIRONMENT_NAMES: tuple[str, ...] = tuple(_REGISTRY)
