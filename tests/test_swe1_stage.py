@@ -7,9 +7,10 @@ held-out instance's turns and write its stage files (summary, held-out reward, m
 lineage, export). The tiny model rarely writes the demonstrated call: the rewards are
 whatever it earns, 0 or 1 each (tests/test_swe1_scripted.py shows the scoring path).
 
-Not yet seen passing: its one run (2026-11-27, the 2-core host shared with two other
-stage runs, load ~9) was stopped at 560 s, after the services started and the held-out
-"before" validation finished (4 prompts, reward 0.0) but before step 1."""
+Seen passing on 2026-11-27 (1,073 s on the 2-core host beside other work; each step's
+update ~270 s: 8 samples of up to 1,024 tokens on the hf backend): held-out 0.0 -> 0.0,
+every sample 0 (87.5% truncated at 96 new tokens), so no gradient; the stage trains and
+reports honestly."""
 
 from __future__ import annotations
 
