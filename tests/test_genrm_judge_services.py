@@ -85,7 +85,7 @@ def expected_reward(verdicts: list[list[float]], me: int) -> float:
 
 class _CountingProxy(http.server.BaseHTTPRequestHandler):
     """The judge's front door: forwards every request to the rollout's HTTP face and keeps
-    what it saw. (The rollout's own /metrics count gRPC generations only.)"""
+    what it saw (which pair, in which order: the rollout's /metrics only count them)."""
 
     upstream: ClassVar[str] = ""
     seen: ClassVar[list[dict[str, object]]] = []
@@ -121,8 +121,9 @@ def serve(handler: type[http.server.BaseHTTPRequestHandler]) -> http.server.Thre
 @pytest.fixture(scope="module")
 def judge_and_gateway(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[list[dict[str, object]], str, str]]:
-    """(requests the judge received, reward gRPC target, reward /metrics URL)."""
+) -> Iterator[tuple[list[dict[str, object]], str, str, str]]:
+    """(requests the judge received, reward gRPC target, reward /metrics URL, rollout
+    /metrics URL)."""
     logs = tmp_path_factory.mktemp("genrm")
     rollout, _ = start_service(
         "rlfleet_rollout",
@@ -151,7 +152,12 @@ def judge_and_gateway(
             logs / "reward.log",
         )
         try:
-            yield seen, target, f"http://127.0.0.1:{ports_of(reward).http}/metrics"
+            yield (
+                seen,
+                target,
+                f"http://127.0.0.1:{ports_of(reward).http}/metrics",
+                f"http://127.0.0.1:{ports_of(rollout).http}/metrics",
+            )
         finally:
             stop_service(reward)
     finally:
@@ -160,12 +166,14 @@ def judge_and_gateway(
 
 
 def test_eight_responses_make_eight_comparisons_each_way(
-    judge_and_gateway: tuple[str, str, str],
+    judge_and_gateway: tuple[list[dict[str, object]], str, str, str],
 ) -> None:
-    seen, target, reward_metrics = judge_and_gateway
+    seen, target, reward_metrics, rollout_metrics = judge_and_gateway
     results = score_group(target, deadline_s=280)
     # circular over 8: 8 pairs, each judged in both orders = 16 calls at the judge
     assert [r["path"] for r in seen] == ["/v1/chat/completions"] * 16
+    samples = r'rlfleet_rollout_samples_total\{face="http",finish_reason="[a-z_]+"\}'
+    assert metric(rollout_metrics, samples) == 16  # the judge's own count agrees
     shown = []
     for r in seen:
         user = str(r["messages"][1]["content"])  # type: ignore[index]

@@ -86,7 +86,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             max_samples=self.config.max_samples_per_request,
         )
         async for sample in engine.generate(gen_input):
-            metrics.record_sample(sample)
+            metrics.record_sample(sample, "grpc")
             yield sample_to_proto(sample)
 
     async def InitWeightTransfer(

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from rlfleet_core.errors import InvalidArgument, ServiceError
 
+from rlfleet_rollout import metrics
 from rlfleet_rollout.engines.base import Engine
 from rlfleet_rollout.types import FinishReason, GenerateInput, Sample, SamplingConfig
 from rlfleet_rollout.validation import check_prompt
@@ -148,6 +149,8 @@ class OpenAIFace:
             return_text=True,
         )
         samples = [s async for s in self.engine.generate(request)]
+        for sample in samples:
+            metrics.record_sample(sample, "http")
         return sorted(samples, key=lambda s: s.index)
 
     def _tokens_logprobs(self, sample: Sample) -> list[dict[str, Any]]:

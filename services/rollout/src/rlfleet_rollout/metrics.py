@@ -9,8 +9,8 @@ from rlfleet_rollout.types import Sample, UpdateResult
 
 SAMPLES = Counter(
     "rlfleet_rollout_samples",
-    "Samples generated, by finish reason.",
-    ["finish_reason"],
+    "Samples generated, by the face that asked (grpc, http) and finish reason.",
+    ["face", "finish_reason"],
     registry=REGISTRY,
 )
 TOKENS = Counter(
@@ -30,8 +30,8 @@ UPDATE_BYTES = Counter(
 )
 
 
-def record_sample(sample: Sample) -> None:
-    SAMPLES.labels(sample.finish_reason.value).inc()
+def record_sample(sample: Sample, face: str) -> None:
+    SAMPLES.labels(face, sample.finish_reason.value).inc()
     TOKENS.inc(len(sample.token_ids))
 
 
