@@ -3,10 +3,16 @@ field named, the recipe section loads with overrides and refuses IPO with label 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
-from rlfleet_contracts.preference import PreferenceError, parse_preference_pair
+from rlfleet_contracts.preference import (
+    PreferenceError,
+    parse_preference_pair,
+    read_preference_pairs,
+)
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import ConfigError, load_config
 
@@ -80,3 +86,12 @@ def test_dpo_recipe_section() -> None:
     assert "dpo.label_smoothing (0.1) has no meaning for dpo.loss_type=ipo" in str(info.value)
     with pytest.raises(ConfigError, match=r"dpo\.reference"):
         load_config(RecipeConfig, overrides=["dpo.reference=frozen"])
+
+
+def test_read_pairs_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps(_row()) + "\n\n" + json.dumps(_row(prompt=None)) + "\n")
+    with pytest.raises(PreferenceError, match=r"pairs\.jsonl:3: prompt: Field required"):
+        read_preference_pairs(path)
+    path.write_text(json.dumps(_row()) + "\n")
+    assert len(read_preference_pairs(path)) == 1

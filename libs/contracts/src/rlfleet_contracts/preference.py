@@ -9,15 +9,19 @@ A pair row (JSONL, one per line) is TRL's conversational preference format plus 
      "metadata": {"source": "...", ...}}
 
 `tools` and `metadata` are optional; `chosen` / `rejected` may be a plain string (one
-assistant message). `parse_preference_pair` checks a row and names the field at fault.
+assistant message). `parse_preference_pair` checks a row and names the field at fault;
+`read_preference_pairs` reads a JSONL file (or folder) of them, errors naming file:line.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
+
+from rlfleet_contracts.rows import DataError, read_blend
 
 DPOLossType = Literal["sigmoid", "ipo", "simpo"]
 DPO_LOSS_TYPES: tuple[str, ...] = ("sigmoid", "ipo", "simpo")
@@ -55,7 +59,7 @@ class DPOConfig(ConfigModel):
         return self
 
 
-class PreferenceError(ValueError):
+class PreferenceError(DataError):
     """A preference-pair row is malformed; the message names the field."""
 
 
@@ -134,3 +138,9 @@ def parse_preference_pair(row: Any, where: str = "") -> PreferencePair:
                 message = "unknown field (expected prompt, tools, chosen, rejected, metadata)"
             lines.append(f"{prefix}{field}: {message}")
         raise PreferenceError("\n".join(lines)) from None
+
+
+def read_preference_pairs(path: Path) -> list[PreferencePair]:
+    """Every pair of a JSONL file, or of every *.jsonl under a folder (sorted); the first
+    bad row raises `PreferenceError` naming its file:line and field."""
+    return [parse_preference_pair(source.row, source.where) for source in read_blend(path)]
