@@ -146,6 +146,27 @@ def _smollm_pairs(tokenizer: object) -> list[TokenizedPair]:
     return [tokenize_pair(tokenizer, parse_preference_pair(row), 256) for row in rows]
 
 
+def test_tokenize_pair_keeps_the_template_and_fits_max_length() -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
+    pair = _smollm_pairs(tokenizer)[0]
+    prompt = tokenizer.decode(pair.prompt_ids)
+    assert prompt.endswith("What is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.decode(pair.chosen_ids) == (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call><|im_end|>\n'
+    )
+    row = parse_preference_pair(
+        {"prompt": [{"role": "user", "content": "hi"}], "chosen": "a b c d e f", "rejected": "no"}
+    )
+    full = tokenize_pair(tokenizer, row, 256)
+    assert len(full.chosen_ids) > 2
+    short = tokenize_pair(tokenizer, row, len(full.prompt_ids) + 2)
+    assert short.chosen_ids == full.chosen_ids[:2] and short.rejected_ids == full.rejected_ids[:2]
+    with pytest.raises(ValueError, match=r"prompt: .* tokens leave no room for a response"):
+        tokenize_pair(tokenizer, row, 5)
+
+
 @pytest.mark.slow
 def test_torch_backend_dpo_lowers_the_loss_on_smollm2() -> None:
     from transformers import AutoTokenizer
