@@ -245,3 +245,34 @@ def test_megatron_dpo_step_matches_torch(tiny_model: Path) -> None:
         assert mega_1[key] == pytest.approx(torch_1[key], rel=1e-4, abs=1e-6), key
         assert mega_2[key] == pytest.approx(torch_2[key], rel=1e-3, abs=1e-5), key
     assert torch_2["loss"] < torch_1["loss"]
+
+
+@pytest.mark.slow
+def test_fsdp2_two_ranks_dpo_step_matches_one_process(tiny_model: Path, tmp_path: Path) -> None:
+    """torchrun, 2 gloo ranks with 2 of 4 pairs each (FSDP2): the loss, rewards, grad norm
+    and weights after a DPO step equal one process on all 4 pairs (the pair count that
+    normalises the loss is the global one)."""
+    import subprocess
+    import sys
+
+    probe = Path(__file__).parent / "fsdp_parity.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(pick_free_port()),
+        str(probe), "--dpo", "--out", str(tmp_path), str(tiny_model),
+    ]  # fmt: skip
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    plain_run = [sys.executable, str(probe), "--dpo", "--plain", "--out", str(tmp_path)]
+    proc = subprocess.run(
+        [*plain_run, str(tiny_model)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    sharded = torch.load(tmp_path / "fsdp.pt", weights_only=False)
+    plain = torch.load(tmp_path / "plain.pt", weights_only=False)
+    for key in ("loss", "grad_norm", "rewards/margin", "rewards/accuracy", "logps/rejected"):
+        assert sharded["metrics"][key] == pytest.approx(plain["metrics"][key], rel=1e-5), key
+    assert plain["metrics"]["loss"] > 0.1  # a real loss, not an empty batch
+    for name, tensor in plain["state"].items():
+        torch.testing.assert_close(sharded["state"][name], tensor, atol=1e-4, rtol=0)
