@@ -101,6 +101,10 @@ def test_dpo_config_refusals() -> None:
         DPOLossConfig(loss_type="kto")
     with pytest.raises(ValueError, match="row pairs; got 3 rows"):
         compute_dpo_loss(torch.zeros(3, 2), torch.ones(3, 2), None, DPOLossConfig(), 1.0)
+    # A rank slice [c2, padding] (6 rows over 4 ranks): loud, not a silently dropped pair.
+    split_mask = torch.cat([MASK_BT, torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 0]])])
+    with pytest.raises(ValueError, match=r"rows 2 and 3 are not a \(chosen, rejected\) pair"):
+        compute_dpo_loss(torch.zeros(4, 4), split_mask, None, DPOLossConfig(), 2.0)
     recipe = RecipeConfig.model_validate({"dpo": {"beta": 0.2, "loss_type": "ipo"}})
     assert DPOLossConfig.from_recipe(recipe) == DPOLossConfig(beta=0.2, loss_type="ipo")
 

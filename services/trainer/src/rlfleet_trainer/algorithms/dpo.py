@@ -116,7 +116,8 @@ def compute_dpo_loss(
     global_valid_pairs: float,
 ) -> LossOutput:
     """The preference loss of one micro-batch of interleaved pairs, normalised by the global
-    pair count; a pair whose chosen row has no valid token (rank padding) counts nothing.
+    pair count; a pair with no valid token (rank padding) counts nothing, a pair with one
+    empty row (split by slicing) is an error.
     `reference_logprobs_BT` None = reference-free (log π_ref = 0)."""
     if logprobs_BT.shape[0] % 2:
         raise ValueError(
@@ -131,7 +132,15 @@ def compute_dpo_loss(
     loss_P, chosen_reward_P, rejected_reward_P = pair_losses(
         seq_B[0::2], seq_B[1::2], ref_B[0::2], ref_B[1::2], config
     )
-    valid_P = ((mask_BT[0::2].sum(1) > 0) & (mask_BT[1::2].sum(1) > 0)).to(loss_P.dtype)
+    chosen_valid_P, rejected_valid_P = mask_BT[0::2].sum(1) > 0, mask_BT[1::2].sum(1) > 0
+    if bool((chosen_valid_P != rejected_valid_P).any()):
+        # A pair split across micro-batches or ranks would otherwise drop out silently.
+        row = 2 * int((chosen_valid_P != rejected_valid_P).nonzero()[0, 0])
+        raise ValueError(
+            f"rows {row} and {row + 1} are not a (chosen, rejected) pair: only one has response "
+            "tokens (a pair split by slicing? pairs per step must divide evenly over ranks)"
+        )
+    valid_P = chosen_valid_P.to(loss_P.dtype)
     n = max(global_valid_pairs, 1.0)
     loss = (loss_P * valid_P).sum() / n
 
