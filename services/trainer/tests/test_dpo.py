@@ -23,6 +23,7 @@ from rlfleet_trainer.dpo import (
     dpo_step,
     tokenize_pair,
     tool_use_pairs,
+    train_on_pairs,
 )
 
 # One pair, padded to T = 4; row 0 = chosen (2 tokens), row 1 = rejected (3 tokens).
@@ -214,6 +215,32 @@ def test_reference_copy_equals_precomputed(tiny_model: Path) -> None:
     torch.testing.assert_close(batch.reference_logprobs_NT, precomputed)
     with pytest.raises(ValueError, match=r"dpo\.reference: unknown mode 'frozen'"):
         attach_reference_logprobs(policy, batch, "frozen")
+
+
+def test_train_on_pairs_references_the_starting_weights(tiny_model: Path) -> None:
+    """Two batches over two epochs: precomputed references (all scored before step 1) give
+    the same steps as a frozen copy scoring each batch when it comes up; scoring the second
+    batch only after the first step would not."""
+    pairs = _tiny_pairs(512) + _tiny_pairs(512)[:1]
+    runs = {}
+    for mode in ("precomputed", "copy"):
+        torch.manual_seed(0)
+        policy = TorchPolicy(
+            TorchBackendConfig(model_path=tiny_model, lr=1e-3, keep_reference=mode == "copy")
+        )
+        runs[mode] = train_on_pairs(
+            policy, pairs, DPOLossConfig(beta=0.5), reference=mode, pairs_per_step=2, epochs=2
+        )
+    assert len(runs["precomputed"]) == 4
+    for got, want in zip(runs["precomputed"], runs["copy"], strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+        assert got["rewards/margin"] == pytest.approx(want["rewards/margin"], rel=1e-4, abs=1e-6)
+    # Step 1 is at the reference (log 2); step 2's batch was scored by the starting weights
+    # but trains after step 1 moved them, so it is not at log 2 (scored late, it would be).
+    losses = [step["loss"] for step in runs["precomputed"]]
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-5)
+    assert abs(losses[1] - math.log(2)) > 1e-3
+    assert losses[2] < losses[0]  # the first batch again, after two steps
 
 
 @pytest.mark.slow

@@ -110,6 +110,38 @@ def dpo_step(
     return backend.train_step(batch, loss_config)
 
 
+def train_on_pairs(
+    backend: PolicyBackend,
+    pairs: Sequence[TokenizedPair],
+    loss_config: DPOLossConfig,
+    *,
+    reference: str = "precomputed",
+    pairs_per_step: int = 8,
+    epochs: int = 1,
+    pad_token_id: int = 0,
+) -> list[dict[str, float]]:
+    """`epochs` passes over `pairs` in order, `pairs_per_step` pairs per optimizer step; the
+    metrics of every step. With `precomputed`, every batch is scored *before* the first
+    step, so each pair's reference is the starting weights' (scoring a batch when it comes
+    up would use weights already trained on the earlier ones)."""
+    if pairs_per_step < 1 or epochs < 1:
+        raise ValueError(f"pairs_per_step ({pairs_per_step}) and epochs ({epochs}) must be >= 1")
+    batches = [
+        build_pair_batch(pairs[start : start + pairs_per_step], pad_token_id)
+        for start in range(0, len(pairs), pairs_per_step)
+    ]
+    if reference != "copy":  # a frozen copy scores each step's batch as it comes
+        for batch in batches:
+            attach_reference_logprobs(backend, batch, reference)
+    steps = []
+    for _ in range(epochs):
+        for batch in batches:
+            if reference == "copy":
+                attach_reference_logprobs(backend, batch, reference)
+            steps.append(dpo_step(backend, batch, loss_config))
+    return steps
+
+
 @dataclass
 class ScoredSample:
     """One sampled response to a prompt as the reward gateway scored it."""
