@@ -5,8 +5,9 @@ checked at load time with messages that name the fields and the fix.
 
 Sections: `grpo` (the algorithm), `generation` (sampling on the rollout service), `policy`
 (model, backend, optimizer, parallelism), `data` (prompt rows), `reasoning` (chat-template
-switches, the low-effort schedule), `multi_turn` (agentic environments), `services` (where
-rollout and reward live, how weights travel), `checkpoint` (where and how often).
+switches, the low-effort schedule), `multi_turn` (agentic environments), `dpo` (preference
+optimisation), `services` (where rollout and reward live, how weights travel), `checkpoint`
+(where and how often).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rlfleet_core.config import ConfigModel
 from rlfleet_core.models import check_model_reference
 
 from rlfleet_contracts.multiturn import MultiTurnConfig
+from rlfleet_contracts.preference import DPOConfig
 from rlfleet_contracts.reasoning import ReasoningConfig
 
 
@@ -341,6 +343,8 @@ class RecipeConfig(ConfigModel):
     """Chat-template switches and the low-effort schedule (rlfleet_contracts.reasoning)."""
     multi_turn: MultiTurnConfig = MultiTurnConfig()
     """Multi-turn (agentic) environments and trajectory limits (rlfleet_contracts.multiturn)."""
+    dpo: DPOConfig = DPOConfig()
+    """Preference optimisation (DPO/IPO/SimPO) settings (rlfleet_contracts.preference)."""
     services: ServicesConfig = ServicesConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()

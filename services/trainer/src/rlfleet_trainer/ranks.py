@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlfleet_trainer.algorithms.dpo import TrainLoss
 from rlfleet_trainer.algorithms.losses import LossConfig
 from rlfleet_trainer.backends.base import PolicyBackend
 from rlfleet_trainer.batch import TrainBatch
@@ -263,7 +264,7 @@ class DriverBackend:
     def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> torch.Tensor:
         raise RuntimeError("DriverBackend scores through train(); logprobs is per rank")
 
-    def train_step(self, batch: TrainBatch, loss_config: LossConfig) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, loss_config: TrainLoss) -> dict[str, float]:
         raise RuntimeError("DriverBackend trains through train(); train_step is per rank")
 
     def hf_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 from rlfleet_contracts.recipe import RecipeConfig
 
-from rlfleet_trainer.algorithms.losses import LossConfig
+from rlfleet_trainer.algorithms.dpo import TrainLoss
 from rlfleet_trainer.batch import TrainBatch
 
 _RECIPE = RecipeConfig()
@@ -105,10 +105,12 @@ class PolicyBackend(Protocol):
         at setup). Collective."""
         ...
 
-    def train_step(self, batch: TrainBatch, loss_config: LossConfig) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, loss_config: TrainLoss) -> dict[str, float]:
         """One optimizer step over this rank's slice (gradient accumulation over micro
         batches, loss normalised by the global token/sequence count); returns the global
-        step's metrics (valid on global rank 0). Collective."""
+        step's metrics (valid on global rank 0). Collective. With a `DPOLossConfig` the
+        rows are (chosen, rejected) pairs interleaved (rlfleet_trainer.dpo builds them),
+        both through the same forward and logprob path as GRPO's samples."""
         ...
 
     def hf_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:

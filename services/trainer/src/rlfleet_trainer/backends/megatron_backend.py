@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from rlfleet_contracts.recipe import RecipeConfig
 
-from rlfleet_trainer.algorithms.losses import LossConfig
+from rlfleet_trainer.algorithms.dpo import TrainLoss
 from rlfleet_trainer.backends.base import BackendConfig
 from rlfleet_trainer.backends.megatron_convert import (
     ModelDims,
@@ -68,9 +68,9 @@ from rlfleet_trainer.backends.microbatch import (
     global_counts,
     linear_warmup,
     micro_batch_loss,
-    micro_batches,
     score_micro_batches,
     token_logprobs_and_entropy,
+    train_micro_batches,
 )
 from rlfleet_trainer.backends.torch_backend import export_hf_folder
 from rlfleet_trainer.batch import TrainBatch
@@ -199,7 +199,7 @@ class MegatronPolicy:
 
     # --- training -------------------------------------------------------------------------
 
-    def train_step(self, batch: TrainBatch, loss_config: LossConfig) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, loss_config: TrainLoss) -> dict[str, float]:
         """Same loss as the torch backend; `batch` is this DP replica's slice (every TP/PP
         rank of the replica gets the same one). The loss is divided by the valid tokens of
         all slices and the gradients are summed over DP, so the step equals one process's
@@ -215,7 +215,7 @@ class MegatronPolicy:
             logprobs_NT, entropy_NT = self._token_scores(out, part)
             return micro_batch_loss(part, logprobs_NT, entropy_NT, loss_config, counts, metrics)
 
-        parts = micro_batches(batch, self.config.train_micro_batch_size)
+        parts = train_micro_batches(batch, self.config.train_micro_batch_size, loss_config)
         one_forward_one_backward(self.pipe, parts, stage_forward)
         if self.dp_size > 1:
             for param in self.model.parameters():

@@ -1,7 +1,8 @@
 """What both policy backends do the same way around their forward passes: slicing a batch
 into micro-batches, filling [N, T] logprobs micro-batch by micro-batch, the policy loss of
-one micro-batch with its metrics summed over the step, the global normalisers, and the
-warm-up schedule.
+one micro-batch (GRPO's or, for a `DPOLossConfig`, the preference loss over interleaved
+pairs) with its metrics summed over the step, the global normalisers, and the warm-up
+schedule.
 
 Shape legend: N = samples, L = sequence length, T = L − 1, V = vocabulary.
 """
@@ -14,7 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlfleet_trainer.algorithms.losses import LossConfig, LossInputs, compute_policy_loss
+from rlfleet_trainer.algorithms.dpo import DPOLossConfig, TrainLoss, compute_dpo_loss
+from rlfleet_trainer.algorithms.losses import LossInputs, compute_policy_loss
 from rlfleet_trainer.batch import TrainBatch
 
 
@@ -22,6 +24,14 @@ def micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
     return [
         batch.slice(start, min(start + size, batch.size)) for start in range(0, batch.size, size)
     ]
+
+
+def train_micro_batches(batch: TrainBatch, size: int, loss_config: TrainLoss) -> list[TrainBatch]:
+    """The step's micro-batches; a preference loss needs both rows of a pair in the same
+    micro-batch, so its size is rounded up to even."""
+    if isinstance(loss_config, DPOLossConfig):
+        size += size % 2
+    return micro_batches(batch, size)
 
 
 def score_micro_batches(
@@ -58,27 +68,38 @@ def micro_batch_loss(
     part: TrainBatch,
     logprobs_NT: torch.Tensor,
     entropy_NT: torch.Tensor,
-    loss_config: LossConfig,
+    loss_config: TrainLoss,
     counts: tuple[float, float],
     metrics: dict[str, float],
 ) -> torch.Tensor:
-    """The policy loss of one micro-batch (normalised by the global `counts`); its metrics
-    are added into `metrics`, so they sum over the step's micro-batches."""
+    """The loss of one micro-batch (normalised by the global `counts`); its metrics are
+    added into `metrics`, so they sum over the step's micro-batches. A preference loss
+    takes the pairs' reference logprobs from `reference_logprobs_NT` (None: reference-free)
+    and counts a pair as two valid sequences."""
     device = logprobs_NT.device
-    out = compute_policy_loss(
-        LossInputs(
-            logprobs_BT=logprobs_NT,
-            generation_logprobs_BT=part.generation_logprobs_NT.to(device),
-            advantages_B=part.advantages_N.to(device),
-            mask_BT=part.mask_NT.to(device),
-            prev_logprobs_BT=_to(part.prev_logprobs_NT, device),
-            reference_logprobs_BT=_to(part.reference_logprobs_NT, device),
-            entropy_BT=entropy_NT,
-        ),
-        loss_config,
-        counts[0],
-        counts[1],
-    )
+    if isinstance(loss_config, DPOLossConfig):
+        out = compute_dpo_loss(
+            logprobs_NT,
+            part.mask_NT.to(device),
+            _to(part.reference_logprobs_NT, device),
+            loss_config,
+            counts[1] / 2,
+        )
+    else:
+        out = compute_policy_loss(
+            LossInputs(
+                logprobs_BT=logprobs_NT,
+                generation_logprobs_BT=part.generation_logprobs_NT.to(device),
+                advantages_B=part.advantages_N.to(device),
+                mask_BT=part.mask_NT.to(device),
+                prev_logprobs_BT=_to(part.prev_logprobs_NT, device),
+                reference_logprobs_BT=_to(part.reference_logprobs_NT, device),
+                entropy_BT=entropy_NT,
+            ),
+            loss_config,
+            counts[0],
+            counts[1],
+        )
     for key, value in out.metrics.items():
         metrics[key] = metrics.get(key, 0.0) + value
     return out.loss

@@ -29,15 +29,15 @@ import torch.distributed as dist
 from rlfleet_contracts.recipe import PolicyConfig, RecipeConfig
 from safetensors.torch import save_file
 
-from rlfleet_trainer.algorithms.losses import LossConfig
+from rlfleet_trainer.algorithms.dpo import TrainLoss
 from rlfleet_trainer.backends.base import BackendConfig
 from rlfleet_trainer.backends.microbatch import (
     global_counts,
     linear_warmup,
     micro_batch_loss,
-    micro_batches,
     score_micro_batches,
     token_logprobs_and_entropy,
+    train_micro_batches,
 )
 from rlfleet_trainer.batch import TrainBatch
 
@@ -155,12 +155,12 @@ class TorchPolicy:
 
     # --- training -------------------------------------------------------------------------
 
-    def train_step(self, batch: TrainBatch, loss_config: LossConfig) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, loss_config: TrainLoss) -> dict[str, float]:
         self.model.train()
         # Each rank holds its slice of the global batch; the normaliser is global.
         counts = global_counts(batch, self.device, reduce=self.world_size > 1)
         metrics: dict[str, float] = {}
-        for part in micro_batches(batch, self.config.train_micro_batch_size):
+        for part in train_micro_batches(batch, self.config.train_micro_batch_size, loss_config):
             logprobs_NT, entropy_NT = self._forward(self.model, part)
             loss = micro_batch_loss(part, logprobs_NT, entropy_NT, loss_config, counts, metrics)
             # FSDP averages gradients over ranks; the loss is already divided by the
