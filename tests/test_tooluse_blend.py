@@ -53,9 +53,7 @@ def intended_calls(row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         return [("get_balance", {"account_id": m.group(1)})]
     if m := re.match(r"Transfer (\d+) from account (\w+) to account (\w+)", task):
         amount, source, target = int(m.group(1)), m.group(2), m.group(3)
-        calls.append(
-            ("transfer", {"from_account": source, "to_account": target, "amount": amount})
-        )
+        calls.append(("transfer", {"from_account": source, "to_account": target, "amount": amount}))
     if m := re.match(r"Move all the money in account (\w+) to account (\w+)", task):
         source, target = m.group(1), m.group(2)
         amount = start[source]["balance"]

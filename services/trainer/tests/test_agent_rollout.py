@@ -241,7 +241,14 @@ def test_multi_turn_metrics_count_calls_and_skip_single_turn_samples() -> None:
     def sample(mask: list[int] | None, turns: int) -> Trajectory:
         ids = list(range(len(mask or [1])))
         return Trajectory(
-            "p", 0, [1], ids, [0.0] * len(ids), False, loss_mask=mask, turn_weight_versions=[0] * turns
+            "p",
+            0,
+            [1],
+            ids,
+            [0.0] * len(ids),
+            False,
+            loss_mask=mask,
+            turn_weight_versions=[0] * turns,
         )
 
     answered_only = sample([1, 1], 1)

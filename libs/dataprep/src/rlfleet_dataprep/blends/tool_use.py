@@ -108,7 +108,7 @@ def _task(
     """(prompt, goal state, extra row fields) of one task over `world` (changed in place
     to the task's start, e.g. an account frozen for an unfreeze task)."""
     accounts = world["accounts"]
-    a, b, c = list(accounts)
+    a, b, _ = list(accounts)
     goal = copy.deepcopy(world)
     extra: dict[str, Any] = {}
     if kind == "freeze":
@@ -143,9 +143,9 @@ def _task(
         )
     if kind == "freeze_owner":
         owner = accounts[a]["owner"]
-        for account_id, body in goal["accounts"].items():
+        # Two accounts are `owner`'s: the world was made with a shared owner.
+        for body in goal["accounts"].values():
             body["frozen"] = body["owner"] == owner or body["frozen"]
-        del c  # the third account is `owner`'s too (the world was made with a shared owner)
         return f"Freeze every account of {owner}.", goal, extra
     raise ValueError(f"unknown task kind {kind!r}")
 
