@@ -21,7 +21,7 @@ from rlfleet_dataprep.prep import PrepOptions, prepare_rl
 from rlfleet_pipeline.launch.profiles import load_profile
 from rlfleet_pipeline.preflight import preflight, service_problem
 from rlfleet_pipeline.recipes import bundled_recipes, load_recipe
-from rlfleet_pipeline.stage import default_run_dir
+from rlfleet_pipeline.stage import STAGE_KINDS, default_run_dir
 from typer.testing import CliRunner
 
 pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
@@ -42,11 +42,13 @@ sandbox = "s.sqsh"
 swe-runner = "e.sqsh"
 """
 PROFILES = ("local", "compose", "cluster")
-TINY_BLENDS = ("tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3", "tiny-mix")
+TINY_BLENDS = ("tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3", "tiny-mix", "tiny-tooluse")
 
 
 def stage_kind(recipe: str) -> str:
-    return load_recipe(recipe).stage.rstrip("0123456789")
+    """The kind a stage name starts with (rlvr2 -> rlvr, rlvr-tooluse -> rlvr)."""
+    stage = load_recipe(recipe).stage
+    return next(kind for kind in STAGE_KINDS if stage.startswith(kind))
 
 
 @pytest.fixture(scope="module")

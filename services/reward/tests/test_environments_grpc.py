@@ -56,6 +56,22 @@ def test_list_environments(stub: reward_pb2_grpc.RewardServiceStub) -> None:
     assert list(by_name["math"].required_fields) == ["expected_answer"]
     assert "kwargs" in by_name["instruction_following"].optional_fields
     assert all(e.description for e in reply.environments)
+    assert not any(by_name[env].multi_turn for env in ALL_CASES)  # Score's, listed last
+
+
+def test_list_environments_names_the_multi_turn_ones(
+    stub: reward_pb2_grpc.RewardServiceStub,
+) -> None:
+    """The episode environments (OpenEpisode) are listed too, marked multi-turn; the
+    single-turn `tool_use` of Score stays listed beside the multi-turn one."""
+    reply = stub.ListEnvironments(reward_pb2.ListEnvironmentsRequest(), timeout=10)
+    multi = {e.name: e for e in reply.environments if e.multi_turn}
+    assert set(multi) == {"tool_use", "math_python", "terminal", "swe_agent"}
+    assert list(multi["tool_use"].required_fields) == ["initial_state", "goal_state"]
+    assert "expected_answer" in multi["tool_use"].optional_fields
+    assert all(e.description and not e.group_aware for e in multi.values())
+    single = [e for e in reply.environments if e.name == "tool_use" and not e.multi_turn]
+    assert len(single) == 1 and single[0].description != multi["tool_use"].description
 
 
 @pytest.mark.parametrize(("env", "field"), [("", "env"), ("nope", "env")])

@@ -63,7 +63,13 @@ KV = [
         ("<tool_call>{not json}</tool_call>", ["not valid JSON"]),
         ('<tool_call>{"arguments": {}}</tool_call>', ['needs a "name" string']),
         ('<tool_call>{"name": 3}</tool_call>', ['needs a "name" string']),
-        ('<tool_call>["add"]</tool_call>', ["must be a JSON object, got list"]),
+        ('<tool_call>["add"]</tool_call>', ["must be a JSON object, got str"]),
+        (  # SmolLM2-1.7B's form: a list of calls in one block
+            '<tool_call>[\n{"name": "add", "arguments": {"key": "a"}},\n{"name": "submit", '
+            '"arguments": {}}\n]</tool_call>',
+            [ParsedCall("add", '{"key": "a"}'), ParsedCall("submit", "{}")],
+        ),
+        ("<tool_call>[]</tool_call>", []),  # APIGen's "no call needed"
         ('<tool_call>{"name": "add", "arguments": [1]}</tool_call>', ["must be a JSON object"]),
         ('<tool_call>{"name": "add", "arguments": "{bad"}</tool_call>', ["is not valid JSON"]),
         ('<tool_call>{"name": "add", "arguments": {}}', ["<tool_call> without </tool_call>"]),

@@ -229,6 +229,35 @@ async def test_a_multi_turn_group_trains_on_whole_trajectories(tokenizer: Any) -
         step.metrics["kv/gen_tokens_per_sample/mean"]
         == (model_tokens + sum(cut[0].loss_mask or [])) / 2
     )
+    # both called tools; the cut one ran its 2 turns, the other one more
+    assert step.metrics["multi_turn/tool_call_rate"] == 1.0
+    turns = (len(done[0].turn_weight_versions) + 2) / 2
+    assert len(done[0].turn_weight_versions) > 2 and step.metrics["multi_turn/turns/mean"] == turns
+
+
+def test_multi_turn_metrics_count_calls_and_skip_single_turn_samples() -> None:
+    from rlfleet_trainer.steps import multi_turn_metrics
+
+    def sample(mask: list[int] | None, turns: int) -> Trajectory:
+        ids = list(range(len(mask or [1])))
+        return Trajectory(
+            "p",
+            0,
+            [1],
+            ids,
+            [0.0] * len(ids),
+            False,
+            loss_mask=mask,
+            turn_weight_versions=[0] * turns,
+        )
+
+    answered_only = sample([1, 1], 1)
+    called = sample([1, 0, 0, 1], 2)
+    assert multi_turn_metrics([sample(None, 1)]) == {}
+    assert multi_turn_metrics([answered_only, called, sample(None, 1)]) == {
+        "multi_turn/turns/mean": 1.5,
+        "multi_turn/tool_call_rate": 0.5,
+    }
 
 
 async def test_the_collector_runs_multi_turn_envs_through_the_agent(tokenizer: Any) -> None:

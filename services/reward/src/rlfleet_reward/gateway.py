@@ -54,6 +54,8 @@ class EnvironmentInfo:
     required_fields: tuple[str, ...]
     optional_fields: tuple[str, ...]
     group_aware: bool
+    multi_turn: bool = False
+    """An episode environment (OpenEpisode/Step/CloseEpisode), not one of Score's."""
 
 
 class _Context:

@@ -170,7 +170,10 @@ class RewardServicer(EpisodeCalls, reward_pb2_grpc.RewardServiceServicer):
                     required_fields=e.required_fields,
                     optional_fields=e.optional_fields,
                     group_aware=e.group_aware,
+                    multi_turn=e.multi_turn,
                 )
-                for e in self.gateway.environments()
+                # Multi-turn first: a client that keys the list by name (written before
+                # `multi_turn` existed) still ends up with Score's `tool_use`.
+                for e in [*self.episodes.environments(), *self.gateway.environments()]
             ]
         )

@@ -117,4 +117,21 @@ def data_metrics(groups: Sequence[PromptGroup], current_version: int) -> dict[st
     for env, rewards in by_env.items():
         metrics[f"reward/{env}"] = statistics.fmean(rewards)
     metrics.update(env_metrics(groups))
+    metrics.update(multi_turn_metrics(samples))
     return metrics
+
+
+def multi_turn_metrics(samples: Sequence[Trajectory]) -> dict[str, float]:
+    """Over the multi-turn trajectories (those with a loss mask): model turns per
+    trajectory, and the share that called a tool at least once (environment tokens
+    follow a call, well-formed or not). A share of 0 means no group can tell a call from
+    none: the reward cannot teach calling."""
+    agentic = [s for s in samples if s.loss_mask is not None]
+    if not agentic:
+        return {}
+    return {
+        "multi_turn/turns/mean": statistics.fmean(len(s.turn_weight_versions) for s in agentic),
+        "multi_turn/tool_call_rate": statistics.fmean(
+            float(0 in (s.loss_mask or ())) for s in agentic
+        ),
+    }

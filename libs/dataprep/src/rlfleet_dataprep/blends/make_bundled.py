@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlfleet_contracts.rows import LENIENT_EXTRACTION, MATH_EXTRACTION_FIELD
 from rlfleet_dataprep.blends.super_sample import super_sample
+from rlfleet_dataprep.blends.tool_use import tool_use_rows
 
 HERE = Path(__file__).resolve().parent
 
@@ -200,6 +201,9 @@ BLENDS: dict[str, list[dict[str, object]]] = {
         *indexed("human_eval", "code", range(50)),
         *indexed("ifbench", "instruction_following", IFBENCH_COVERED),
     ],
+    # Multi-turn tool use over the reward gateway's bank (`tiny/tooluse`), tasks of graded
+    # difficulty: `rlfleet data prep rl tiny-tooluse --val-rows 28` holds the last 28 out.
+    "tiny-tooluse": tool_use_rows(140, seed=7),
     # A few rows of each judge-free Super RLVR environment the tiny blends lack.
     "super-sample": super_sample(),
 }

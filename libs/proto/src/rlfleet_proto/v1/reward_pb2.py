@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/reward.proto\x12\nrlfleet.v1\"D\n\x08Response\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x16\n\x0ereasoning_text\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\x05\"i\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x10\n\x08row_json\x18\x03 \x01(\t\x12&\n\x08response\x18\x04 \x01(\x0b\x32\x14.rlfleet.v1.Response\"\x8e\x03\n\x0bScoreResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12H\n\x11reward_components\x18\x04 \x03(\x0b\x32-.rlfleet.v1.ScoreResult.RewardComponentsEntry\x12-\n\x0c\x66\x61ilure_kind\x18\x05 \x01(\x0e\x32\x17.rlfleet.v1.FailureKind\x12\x16\n\x0e\x66\x61ilure_reason\x18\x06 \x01(\t\x12\x13\n\x0bmask_sample\x18\x07 \x01(\x08\x12/\n\x04info\x18\x08 \x03(\x0b\x32!.rlfleet.v1.ScoreResult.InfoEntry\x12\x11\n\tlatency_s\x18\t \x01(\x01\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x11ScoreGroupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x10\n\x08row_json\x18\x03 \x01(\t\x12\'\n\tresponses\x18\x04 \x03(\x0b\x32\x14.rlfleet.v1.Response\"P\n\x10ScoreGroupResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x07results\x18\x02 \x03(\x0b\x32\x17.rlfleet.v1.ScoreResult\"\x19\n\x17ListEnvironmentsRequest\"{\n\x0f\x45nvironmentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0frequired_fields\x18\x03 \x03(\t\x12\x17\n\x0foptional_fields\x18\x04 \x03(\t\x12\x13\n\x0bgroup_aware\x18\x05 \x01(\x08\"M\n\x18ListEnvironmentsResponse\x12\x31\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x1b.rlfleet.v1.EnvironmentInfo\"F\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"G\n\x12OpenEpisodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x10\n\x08row_json\x18\x03 \x01(\t\"Z\n\x07\x45pisode\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12#\n\x05tools\x18\x02 \x03(\x0b\x32\x14.rlfleet.v1.ToolSpec\x12\x16\n\x0eidle_timeout_s\x18\x03 \x01(\x01\"A\n\x08ToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"K\n\nToolResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\x08\"F\n\x0bStepRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12#\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x14.rlfleet.v1.ToolCall\"C\n\nStepResult\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.rlfleet.v1.ToolResult\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\"b\n\x13\x43loseEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12&\n\x08response\x18\x02 \x01(\x0b\x32\x14.rlfleet.v1.Response\x12\x0f\n\x07\x61\x62\x61ndon\x18\x03 \x01(\x08*\xd8\x01\n\x0b\x46\x61ilureKind\x12\x15\n\x11\x46\x41ILURE_KIND_NONE\x10\x00\x12\x1c\n\x18\x46\x41ILURE_KIND_INVALID_ROW\x10\x01\x12\x18\n\x14\x46\x41ILURE_KIND_TIMEOUT\x10\x02\x12\x1f\n\x1b\x46\x41ILURE_KIND_VERIFIER_ERROR\x10\x03\x12\x1e\n\x1a\x46\x41ILURE_KIND_SANDBOX_ERROR\x10\x04\x12\x1c\n\x18\x46\x41ILURE_KIND_JUDGE_ERROR\x10\x05\x12\x1b\n\x17\x46\x41ILURE_KIND_OVERLOADED\x10\x06\x32\x82\x04\n\rRewardService\x12:\n\x05Score\x12\x18.rlfleet.v1.ScoreRequest\x1a\x17.rlfleet.v1.ScoreResult\x12I\n\nScoreGroup\x12\x1d.rlfleet.v1.ScoreGroupRequest\x1a\x1c.rlfleet.v1.ScoreGroupResult\x12\x44\n\x0bScoreStream\x12\x18.rlfleet.v1.ScoreRequest\x1a\x17.rlfleet.v1.ScoreResult(\x01\x30\x01\x12]\n\x10ListEnvironments\x12#.rlfleet.v1.ListEnvironmentsRequest\x1a$.rlfleet.v1.ListEnvironmentsResponse\x12\x42\n\x0bOpenEpisode\x12\x1e.rlfleet.v1.OpenEpisodeRequest\x1a\x13.rlfleet.v1.Episode\x12\x37\n\x04Step\x12\x17.rlfleet.v1.StepRequest\x1a\x16.rlfleet.v1.StepResult\x12H\n\x0c\x43loseEpisode\x12\x1f.rlfleet.v1.CloseEpisodeRequest\x1a\x17.rlfleet.v1.ScoreResultb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/reward.proto\x12\nrlfleet.v1\"D\n\x08Response\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x16\n\x0ereasoning_text\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\x05\"i\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x10\n\x08row_json\x18\x03 \x01(\t\x12&\n\x08response\x18\x04 \x01(\x0b\x32\x14.rlfleet.v1.Response\"\x8e\x03\n\x0bScoreResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12H\n\x11reward_components\x18\x04 \x03(\x0b\x32-.rlfleet.v1.ScoreResult.RewardComponentsEntry\x12-\n\x0c\x66\x61ilure_kind\x18\x05 \x01(\x0e\x32\x17.rlfleet.v1.FailureKind\x12\x16\n\x0e\x66\x61ilure_reason\x18\x06 \x01(\t\x12\x13\n\x0bmask_sample\x18\x07 \x01(\x08\x12/\n\x04info\x18\x08 \x03(\x0b\x32!.rlfleet.v1.ScoreResult.InfoEntry\x12\x11\n\tlatency_s\x18\t \x01(\x01\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x11ScoreGroupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x10\n\x08row_json\x18\x03 \x01(\t\x12\'\n\tresponses\x18\x04 \x03(\x0b\x32\x14.rlfleet.v1.Response\"P\n\x10ScoreGroupResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x07results\x18\x02 \x03(\x0b\x32\x17.rlfleet.v1.ScoreResult\"\x19\n\x17ListEnvironmentsRequest\"\x8f\x01\n\x0f\x45nvironmentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0frequired_fields\x18\x03 \x03(\t\x12\x17\n\x0foptional_fields\x18\x04 \x03(\t\x12\x13\n\x0bgroup_aware\x18\x05 \x01(\x08\x12\x12\n\nmulti_turn\x18\x06 \x01(\x08\"M\n\x18ListEnvironmentsResponse\x12\x31\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x1b.rlfleet.v1.EnvironmentInfo\"F\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"G\n\x12OpenEpisodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x10\n\x08row_json\x18\x03 \x01(\t\"Z\n\x07\x45pisode\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12#\n\x05tools\x18\x02 \x03(\x0b\x32\x14.rlfleet.v1.ToolSpec\x12\x16\n\x0eidle_timeout_s\x18\x03 \x01(\x01\"A\n\x08ToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"K\n\nToolResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\x08\"F\n\x0bStepRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12#\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x14.rlfleet.v1.ToolCall\"C\n\nStepResult\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.rlfleet.v1.ToolResult\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\"b\n\x13\x43loseEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12&\n\x08response\x18\x02 \x01(\x0b\x32\x14.rlfleet.v1.Response\x12\x0f\n\x07\x61\x62\x61ndon\x18\x03 \x01(\x08*\xd8\x01\n\x0b\x46\x61ilureKind\x12\x15\n\x11\x46\x41ILURE_KIND_NONE\x10\x00\x12\x1c\n\x18\x46\x41ILURE_KIND_INVALID_ROW\x10\x01\x12\x18\n\x14\x46\x41ILURE_KIND_TIMEOUT\x10\x02\x12\x1f\n\x1b\x46\x41ILURE_KIND_VERIFIER_ERROR\x10\x03\x12\x1e\n\x1a\x46\x41ILURE_KIND_SANDBOX_ERROR\x10\x04\x12\x1c\n\x18\x46\x41ILURE_KIND_JUDGE_ERROR\x10\x05\x12\x1b\n\x17\x46\x41ILURE_KIND_OVERLOADED\x10\x06\x32\x82\x04\n\rRewardService\x12:\n\x05Score\x12\x18.rlfleet.v1.ScoreRequest\x1a\x17.rlfleet.v1.ScoreResult\x12I\n\nScoreGroup\x12\x1d.rlfleet.v1.ScoreGroupRequest\x1a\x1c.rlfleet.v1.ScoreGroupResult\x12\x44\n\x0bScoreStream\x12\x18.rlfleet.v1.ScoreRequest\x1a\x17.rlfleet.v1.ScoreResult(\x01\x30\x01\x12]\n\x10ListEnvironments\x12#.rlfleet.v1.ListEnvironmentsRequest\x1a$.rlfleet.v1.ListEnvironmentsResponse\x12\x42\n\x0bOpenEpisode\x12\x1e.rlfleet.v1.OpenEpisodeRequest\x1a\x13.rlfleet.v1.Episode\x12\x37\n\x04Step\x12\x17.rlfleet.v1.StepRequest\x1a\x16.rlfleet.v1.StepResult\x12H\n\x0c\x43loseEpisode\x12\x1f.rlfleet.v1.CloseEpisodeRequest\x1a\x17.rlfleet.v1.ScoreResultb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCORERESULT_REWARDCOMPONENTSENTRY']._serialized_options = b'8\001'
   _globals['_SCORERESULT_INFOENTRY']._loaded_options = None
   _globals['_SCORERESULT_INFOENTRY']._serialized_options = b'8\001'
-  _globals['_FAILUREKIND']._serialized_start=1666
-  _globals['_FAILUREKIND']._serialized_end=1882
+  _globals['_FAILUREKIND']._serialized_start=1687
+  _globals['_FAILUREKIND']._serialized_end=1903
   _globals['_RESPONSE']._serialized_start=39
   _globals['_RESPONSE']._serialized_end=107
   _globals['_SCOREREQUEST']._serialized_start=109
@@ -53,26 +53,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCOREGROUPRESULT']._serialized_end=810
   _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=812
   _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=837
-  _globals['_ENVIRONMENTINFO']._serialized_start=839
-  _globals['_ENVIRONMENTINFO']._serialized_end=962
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=964
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=1041
-  _globals['_TOOLSPEC']._serialized_start=1043
-  _globals['_TOOLSPEC']._serialized_end=1113
-  _globals['_OPENEPISODEREQUEST']._serialized_start=1115
-  _globals['_OPENEPISODEREQUEST']._serialized_end=1186
-  _globals['_EPISODE']._serialized_start=1188
-  _globals['_EPISODE']._serialized_end=1278
-  _globals['_TOOLCALL']._serialized_start=1280
-  _globals['_TOOLCALL']._serialized_end=1345
-  _globals['_TOOLRESULT']._serialized_start=1347
-  _globals['_TOOLRESULT']._serialized_end=1422
-  _globals['_STEPREQUEST']._serialized_start=1424
-  _globals['_STEPREQUEST']._serialized_end=1494
-  _globals['_STEPRESULT']._serialized_start=1496
-  _globals['_STEPRESULT']._serialized_end=1563
-  _globals['_CLOSEEPISODEREQUEST']._serialized_start=1565
-  _globals['_CLOSEEPISODEREQUEST']._serialized_end=1663
-  _globals['_REWARDSERVICE']._serialized_start=1885
-  _globals['_REWARDSERVICE']._serialized_end=2399
+  _globals['_ENVIRONMENTINFO']._serialized_start=840
+  _globals['_ENVIRONMENTINFO']._serialized_end=983
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=985
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=1062
+  _globals['_TOOLSPEC']._serialized_start=1064
+  _globals['_TOOLSPEC']._serialized_end=1134
+  _globals['_OPENEPISODEREQUEST']._serialized_start=1136
+  _globals['_OPENEPISODEREQUEST']._serialized_end=1207
+  _globals['_EPISODE']._serialized_start=1209
+  _globals['_EPISODE']._serialized_end=1299
+  _globals['_TOOLCALL']._serialized_start=1301
+  _globals['_TOOLCALL']._serialized_end=1366
+  _globals['_TOOLRESULT']._serialized_start=1368
+  _globals['_TOOLRESULT']._serialized_end=1443
+  _globals['_STEPREQUEST']._serialized_start=1445
+  _globals['_STEPREQUEST']._serialized_end=1515
+  _globals['_STEPRESULT']._serialized_start=1517
+  _globals['_STEPRESULT']._serialized_end=1584
+  _globals['_CLOSEEPISODEREQUEST']._serialized_start=1586
+  _globals['_CLOSEEPISODEREQUEST']._serialized_end=1684
+  _globals['_REWARDSERVICE']._serialized_start=1906
+  _globals['_REWARDSERVICE']._serialized_end=2420
 # @@protoc_insertion_point(module_scope)

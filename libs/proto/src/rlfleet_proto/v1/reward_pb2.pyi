@@ -290,10 +290,15 @@ class EnvironmentInfo(_message.Message):
     REQUIRED_FIELDS_FIELD_NUMBER: _builtins.int
     OPTIONAL_FIELDS_FIELD_NUMBER: _builtins.int
     GROUP_AWARE_FIELD_NUMBER: _builtins.int
+    MULTI_TURN_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     description: _builtins.str
     group_aware: _builtins.bool
     """needs ScoreGroup to be meaningful"""
+    multi_turn: _builtins.bool
+    """An episode environment (OpenEpisode/Step/CloseEpisode), not Score. Multi-turn names
+    have their own namespace: `tool_use` may be listed twice, once for each kind.
+    """
     @_builtins.property
     def required_fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """row fields the env reads"""
@@ -308,10 +313,11 @@ class EnvironmentInfo(_message.Message):
         required_fields: _abc.Iterable[_builtins.str] | None = ...,
         optional_fields: _abc.Iterable[_builtins.str] | None = ...,
         group_aware: _builtins.bool = ...,
+        multi_turn: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "group_aware", b"group_aware", "name", b"name", "optional_fields", b"optional_fields", "required_fields", b"required_fields"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "group_aware", b"group_aware", "multi_turn", b"multi_turn", "name", b"name", "optional_fields", b"optional_fields", "required_fields", b"required_fields"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
@@ -28,12 +28,10 @@ from rlfleet_reward.config import EpisodesConfig
 from rlfleet_reward.episodes import get_episode_environment
 from rlfleet_reward.episodes.base import EpisodeEnvironment, Tool, ToolError
 from rlfleet_reward.episodes.tools import row_tools
+from rlfleet_reward.gateway import EnvironmentInfo, Gateway
 from rlfleet_reward.limits import clip, loads
 from rlfleet_reward.sandbox_client import SandboxBusy, SandboxUnavailable
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
-
-if TYPE_CHECKING:
-    from rlfleet_reward.gateway import Gateway
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +130,23 @@ class EpisodeManager:
         for episode_id in list(self._episodes):
             episode = self._episodes.pop(episode_id)
             await self._release(episode, "service stopped")
+
+    def environments(self) -> list[EnvironmentInfo]:
+        """The multi-turn environments served here (`episodes.environments`)."""
+        infos = []
+        for name in self.config.environments:
+            env = get_episode_environment(name)
+            infos.append(
+                EnvironmentInfo(
+                    name,
+                    env.description,
+                    env.required_fields,
+                    env.optional_fields,
+                    group_aware=False,
+                    multi_turn=True,
+                )
+            )
+        return infos
 
     # --- the three calls ---------------------------------------------------------------
 

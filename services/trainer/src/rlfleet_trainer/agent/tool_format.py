@@ -75,7 +75,8 @@ def _call_from_object(obj: Any) -> ParsedCall:
 
 class HermesFormat(ToolCallFormat):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call
-    (Hermes, Qwen2.5, Qwen3)."""
+    (Hermes, Qwen2.5, Qwen3); a block may also hold a JSON list of calls, as SmolLM2-1.7B
+    writes them (its function-calling SFT data, APIGen: `<tool_call>[{...}, ...]</tool_call>`)."""
 
     name = "hermes"
     open_tag, close_tag = "<tool_call>", "</tool_call>"
@@ -92,7 +93,9 @@ class HermesFormat(ToolCallFormat):
             except json.JSONDecodeError as exc:
                 calls.append(ParsedCall("", "{}", f"the tool call is not valid JSON: {exc}"))
                 continue
-            calls.append(_call_from_object(obj))
+            calls.extend(
+                _call_from_object(item) for item in (obj if isinstance(obj, list) else [obj])
+            )
         return calls
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
