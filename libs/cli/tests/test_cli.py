@@ -207,3 +207,18 @@ def test_rollout_with_an_uncached_hub_id_offline_fails_in_one_line(tmp_path: Pat
     (line,) = [ln for ln in result.stderr.splitlines() if "nope-org/nope-model" in ln]
     assert line.startswith("rlfleet rollout: model 'nope-org/nope-model': not in the Hugging Face")
     assert f"({tmp_path})" in line and "`hf download nope-org/nope-model`" in line
+
+
+def test_a_killed_trainer_is_named() -> None:
+    """`rlfleet rl` (local) used to exit silently when the kernel's OOM killer took the
+    trainer (a tool-use stage at micro-batch 4): the signal is now named, with the fix."""
+    from pathlib import Path
+
+    from rlfleet_cli.commands.rl import _exit_code, trainer_exit_message
+
+    killed = trainer_exit_message("rlvr1", -9, Path("runs/rlvr1"))
+    assert "killed by SIGKILL" in killed and "train_micro_batch_size" in killed
+    assert "--resume" in killed and _exit_code(-9) == 137
+    assert "killed by SIGTERM" in trainer_exit_message("rlvr1", -15, Path("r"))
+    assert "exited with code 1" in trainer_exit_message("rlvr1", 1, Path("r"))
+    assert _exit_code(1) == 1

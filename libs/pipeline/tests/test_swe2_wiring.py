@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from rlfleet_pipeline.fleet import wiring
 from rlfleet_pipeline.launch.profiles import ComposeProfile, SlurmProfile
 from rlfleet_pipeline.preflight import (
@@ -117,3 +118,15 @@ def test_slurm_gives_the_reward_gateway_the_swe_runner(tmp_path: Path) -> None:
     rlvr_like = load_recipe("tiny/swe2", ["data.env_weights={swe_agent: 1, code: 1}"])
     script = launch_plan(rlvr_like, both, tmp_path, "hf")
     assert "wait_for SANDBOX_TARGET SWE_RUNNER_TARGET" in script
+
+
+def test_a_wrong_kind_suggests_the_right_command() -> None:
+    """`rlfleet rl swe -c tiny/tooluse` suggested `rlfleet rl rlvr-tooluse` (the stage name
+    with digits stripped), which is no command: the kind is the name's prefix."""
+    from rlfleet_pipeline.recipes import load_recipe
+    from rlfleet_pipeline.stage import StageError, check_stage
+
+    with pytest.raises(StageError, match=r"use `rlfleet rl rlvr -c tiny/tooluse`"):
+        check_stage("swe", load_recipe("tiny/tooluse"), "tiny/tooluse")
+    with pytest.raises(StageError, match=r"use `rlfleet rl swe -c tiny/swe2`"):
+        check_stage("rlvr", load_recipe("tiny/swe2"), "tiny/swe2")

@@ -56,7 +56,7 @@ def stage_envs(recipe: RecipeConfig) -> list[str]:
 def stage_services(recipe: RecipeConfig) -> list[str]:
     """The services the recipe's stage needs: by its kind (the stage name's prefix); a swe
     stage's from what its environments need (SWE_ENV_SERVICES)."""
-    kind = next(k for k in STAGE_KINDS if recipe.stage.startswith(k))
+    kind = stage_kind(recipe)
     if kind != "swe":
         return SERVICES_FOR_STAGE[kind]
     needed = {"reward", "rollout"}
@@ -66,6 +66,11 @@ def stage_services(recipe: RecipeConfig) -> list[str]:
 
 
 ROLLOUT_ENGINES = ("vllm", "hf")
+
+
+def stage_kind(recipe: RecipeConfig) -> str:
+    """The `rlfleet rl` kind a stage name starts with (rlvr2, rlvr-tooluse -> rlvr)."""
+    return next((k for k in STAGE_KINDS if recipe.stage.startswith(k)), recipe.stage)
 
 
 class StageError(ValueError):
@@ -78,7 +83,7 @@ def check_stage(kind: str, recipe: RecipeConfig, recipe_name: str) -> None:
     if not recipe.stage.startswith(kind):
         raise StageError(
             f"recipe {recipe_name} is stage {recipe.stage!r}, not {kind!r}; "
-            f"use `rlfleet rl {recipe.stage.rstrip('0123456789')} -c {recipe_name}`"
+            f"use `rlfleet rl {stage_kind(recipe)} -c {recipe_name}`"
         )
 
 

@@ -145,7 +145,32 @@ def rl(
     code = run_local(recipe, run_dir, resume, service_overrides)
     if code == 0:
         _write_report(run_dir, recipe, config, time.monotonic() - started)
-    raise typer.Exit(code)
+        raise typer.Exit(0)
+    raise fail(escape(trainer_exit_message(recipe.stage, code, run_dir)), code=_exit_code(code))
+
+
+def trainer_exit_message(stage: str, code: int, run_dir: Path) -> str:
+    """One line for a trainer that did not finish: a signal is named (SIGKILL is most often
+    the kernel's out-of-memory killer, which leaves no line of its own)."""
+    import signal
+
+    if code >= 0:
+        return f"stage {stage}: the trainer exited with code {code} (its error is above)"
+    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    hint = (
+        "; out of memory is the usual cause: lower policy.train_micro_batch_size / "
+        "logprob_micro_batch_size, or check `dmesg`"
+        if name == "SIGKILL"
+        else ""
+    )
+    return (
+        f"stage {stage}: the trainer was killed by {name}{hint}; continue with --resume ({run_dir})"
+    )
+
+
+def _exit_code(code: int) -> int:
+    """A shell's convention: 128 + the signal for a process killed by one."""
+    return code if code >= 0 else 128 - code
 
 
 def _write_report(run_dir: Path, recipe: RecipeConfig, config: str, wall_s: float) -> None:
