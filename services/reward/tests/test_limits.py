@@ -299,3 +299,12 @@ def test_stream_item_with_nan_is_invalid_row(stub: reward_pb2_grpc.RewardService
     assert results["bad"].failure_kind == reward_pb2.FAILURE_KIND_INVALID_ROW
     assert results["bad"].failure_reason.startswith("row.x: ")
     assert results["good"].reward == 1.0
+
+
+def test_deeply_nested_tool_arguments_are_malformed_not_a_crash() -> None:
+    """A policy's tool call whose arguments string nests 100k deep made json.loads raise
+    RecursionError out of tool_use (swe_pivot already caught it; both share the parser)."""
+    from rlfleet_reward.environments.tool_use import decode_arguments
+
+    assert decode_arguments("[" * 100_000) is None
+    assert decode_arguments('{"a": 1}') == {"a": 1} and decode_arguments("") == {}

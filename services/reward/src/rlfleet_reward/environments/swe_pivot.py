@@ -34,6 +34,7 @@ from rlfleet_reward.environments.swe_equivalence import (
     compare,
     normalize_path,
 )
+from rlfleet_reward.environments.tool_use import decode_arguments
 from rlfleet_reward.types import RowError, Sample, Score, scored
 
 _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
@@ -47,15 +48,6 @@ class PivotSpec:
     arguments_json: str
     workdir: str
     files_json: str
-
-
-def _arguments(raw: Any) -> dict[str, Any] | None:
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
-            return None
-    return raw if isinstance(raw, dict) else None
 
 
 def read_calls(text: str) -> tuple[list[tuple[str, dict[str, Any]]], str]:
@@ -74,7 +66,7 @@ def read_calls(text: str) -> tuple[list[tuple[str, dict[str, Any]]], str]:
             return calls, "the tool call nests too deeply"
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return calls, 'a tool call must be a JSON object with a "name" string'
-        arguments = _arguments(obj.get("arguments", {}))
+        arguments = decode_arguments(obj.get("arguments", {}))
         if arguments is None:
             return calls, f'"arguments" of {obj["name"][:50]!r} is not a JSON object'
         calls.append((obj["name"], arguments))
@@ -116,7 +108,7 @@ class SwePivotEnvironment(Environment):
         name = expected.get("name")
         if not isinstance(name, str) or not name.strip():
             raise RowError("expected_action.name", "required: the tool name")
-        args = _arguments(expected.get("arguments", {}))
+        args = decode_arguments(expected.get("arguments", {}))
         if args is None:
             raise RowError("expected_action.arguments", "expected an object or a JSON string")
         _check_action(name, args)

@@ -41,7 +41,7 @@ def decode_arguments(raw: Any) -> dict[str, Any] | None:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nesting too deep
             return None
     return raw if isinstance(raw, dict) else None
 
