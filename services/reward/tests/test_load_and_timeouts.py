@@ -336,13 +336,10 @@ def test_unserved_environment_is_refused(small_server: RewardServer) -> None:
             stub.Score(score_request("mcqa", {"expected_answer": "A"}, "A"), timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not enabled here" in err.value.details()
-        names = [
-            e.name
-            for e in stub.ListEnvironments(
-                reward_pb2.ListEnvironmentsRequest(), timeout=10
-            ).environments
-        ]
-        assert names == ["math", "hang"]
+        listed = stub.ListEnvironments(reward_pb2.ListEnvironmentsRequest(), timeout=10)
+        # Score's environments are exactly the enabled ones (the multi-turn ones of
+        # `episodes.environments` are listed too, marked multi_turn).
+        assert [e.name for e in listed.environments if not e.multi_turn] == ["math", "hang"]
 
 
 def test_server_log_is_clean(reward_server: RewardServer, tmp_path: Path) -> None:
