@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rlfleet_contracts.preference import PreferencePair
@@ -110,10 +110,11 @@ async def sample_pairs(ctx: RunContext) -> SampledPairs:
     sampling = Sampling.from_generation(recipe.generation)
 
     async def one(prompt: Prompt) -> list[Trajectory] | None:
+        mine = sampling.capped(prompt.max_tokens)
+        if mine.seed is not None:  # as GRPO's groups: prompt i's sample k draws seed + i·K + k
+            mine = replace(mine, seed=mine.seed + prompt.index * d.samples_per_prompt)
         try:
-            return await agent.group(
-                prompt, d.samples_per_prompt, sampling.capped(prompt.max_tokens)
-            )
+            return await agent.group(prompt, d.samples_per_prompt, mine)
         except CallFailed as exc:
             logger.warning("dpo: prompt %s failed: %s", prompt.prompt_id, exc)
             return None
