@@ -54,6 +54,10 @@ class DPOConfig(ConfigModel):
     """Training prompts sampled for pairs, in data order (0 = every training row)."""
     samples_per_prompt: int = Field(4, ge=2)
     """K trajectories per prompt through the rollout and reward services."""
+    prompts_in_flight: int = Field(8, ge=1)
+    """Prompts sampled at once: a trajectory's wall time (multi_turn.max_trajectory_time_s)
+    counts its wait for the engine, so all of them at once on a small machine would time
+    out."""
     max_pairs_per_prompt: int = Field(2, ge=1)
     """At most this many pairs from one prompt (each hallucinated sample is used once)."""
     pairs_per_step: int = Field(8, ge=1)

@@ -108,8 +108,13 @@ async def sample_pairs(ctx: RunContext) -> SampledPairs:
     count = d.num_prompts or len(source.rows)
     prompts = [source.prompt_at(i) for i in range(count)]
     sampling = Sampling.from_generation(recipe.generation)
+    in_flight = asyncio.Semaphore(d.prompts_in_flight)
 
     async def one(prompt: Prompt) -> list[Trajectory] | None:
+        async with in_flight:
+            return await sample_group(prompt)
+
+    async def sample_group(prompt: Prompt) -> list[Trajectory] | None:
         mine = sampling.capped(prompt.max_tokens)
         if mine.seed is not None:  # as GRPO's groups: prompt i's sample k draws seed + i·K + k
             mine = replace(mine, seed=mine.seed + prompt.index * d.samples_per_prompt)
