@@ -148,6 +148,26 @@ def test_report_without_failure_keys_says_no_failures(tmp_path: Path) -> None:
     assert (tmp_path / "plots" / "rlvr1_reward.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_report_shows_the_heldout_tool_call_rates(tmp_path: Path) -> None:
+    """A stage whose held-out set is multi-turn (a DPO stage's): hallucination and
+    valid-call rates before → after, in report.md and report.json; a DPO stage's
+    metrics (loss, no reward) still make a report."""
+    rows: list[dict[str, object]] = [{"step": i, "loss": 0.7 - i / 10} for i in range(1, 4)]
+    heldout = {
+        "before": {"reward": 0.0, "reward/tool_use": 0.0},
+        "after": {"reward": 0.05, "reward/tool_use": 0.05},
+        "details": {
+            "before": {"accuracy": 0.0, "hallucination_rate": 0.5, "valid_call_rate": 0.1},
+            "after": {"accuracy": 0.05, "hallucination_rate": 0.25, "valid_call_rate": 0.3},
+        },
+    }
+    result = stage_result(TINY.stages[0], _stage_folder(tmp_path, rows, heldout), wall_s=1.0)
+    text = write_report(tmp_path, [result]).read_text()
+    assert "| rlvr1 | 0.50 → 0.25 (-0.25) | 0.10 → 0.30 (+0.20) |" in text
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["stages"][0]["heldout_details"]["after"]["hallucination_rate"] == 0.25
+
+
 def test_odd_failure_values_count_as_zero(tmp_path: Path) -> None:
     """Hand-edited or truncated files must not crash the report: non-numbers, NaN and
     a `failures` entry of the wrong shape read as no failures."""

@@ -38,6 +38,8 @@ class StageResult:
     metrics_path: str = ""
     heldout_failures: dict[str, dict[str, float]] = field(default_factory=dict)
     """heldout.json's `failures`: validation label → {failed_prompts, failed_samples}."""
+    heldout_details: dict[str, dict[str, float]] = field(default_factory=dict)
+    """heldout.json's `details`: validation label → {accuracy, hallucination_rate, ...}."""
 
 
 @dataclass
@@ -247,6 +249,7 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
                 for e in envs
             ]
             lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
+    lines += _tool_call_lines(stages)
     lines += ["", 'Failures (docs/trainer.md, "Failures"):', ""]
     lines += [f"- {s.stage}: {_failure_line(t)}" for s, t in zip(stages, totals, strict=True)]
     if stages:
@@ -269,6 +272,33 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     report = folder.report_md
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+TOOL_CALL_DETAILS = ("hallucination_rate", "valid_call_rate")
+"""Held-out shares of multi-turn trajectories (docs/trainer.md "DPO")."""
+
+
+def _tool_call_lines(stages: list[StageResult]) -> list[str]:
+    """A table of the held-out tool-call rates of the stages that measured them."""
+    measured = [
+        s
+        for s in stages
+        if any(k in d for d in s.heldout_details.values() for k in TOOL_CALL_DETAILS)
+    ]
+    if not measured:
+        return []
+    lines = [
+        "",
+        'Held-out tool calls (before → after; docs/trainer.md, "DPO"):',
+        "",
+        "| stage | " + " | ".join(TOOL_CALL_DETAILS) + " |",
+        "| --- |" + " ---: |" * len(TOOL_CALL_DETAILS),
+    ]
+    for s in measured:
+        before, after = s.heldout_details.get("before", {}), s.heldout_details.get("after", {})
+        cells = [_env_cell(before.get(k), after.get(k)) for k in TOOL_CALL_DETAILS]
+        lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _env_cell(before: float | None, after: float | None) -> str:

@@ -31,11 +31,13 @@ from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profi
 from rlfleet_pipeline.launch.slurm_job import slurm_script
 from rlfleet_pipeline.services import service_command
 
-STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo")
+STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo", "dpo")
 SERVICES_FOR_STAGE = {
     "rlvr": ["sandbox", "reward", "rollout"],
     "grpo": ["sandbox", "reward", "rollout"],
     "rlhf": ["reward", "rollout"],
+    # DPO pairs come from the policy's own tool-use episodes (rlfleet_trainer.dpo_stage).
+    "dpo": ["reward", "rollout"],
 }
 SWE_ENV_SERVICES = {"swe_pivot": (), "swe_agent": ("swe-runner",)}
 """What a swe stage's environments need beyond reward + rollout: swe_pivot compares tool

@@ -160,6 +160,9 @@ class Sampling:
 class Score:
     reward: float
     masked: bool
+    info: dict[str, str] = dataclasses.field(default_factory=dict)
+    """What the verifier saw (ScoreResult.info); kept for multi-turn episodes, whose
+    `calls/<kind>` counts the trainer reads (agent.calls)."""
 
 
 class RolloutClient:
