@@ -389,3 +389,7 @@ async def test_a_retried_group_asks_again_only_what_failed() -> None:
             await client.close()
     assert len(judge.requests) == 7  # only the garbled comparison went to the judge again
     assert [r.reward for r in again] == [3.0, 2.0, 1.0]
+    # What each result tells the trainer the group asked the judge (its GenRM throughput):
+    # failed and scored responses alike, cache hits not counted.
+    assert [r.info["judge_calls"] for r in first] == ["6"] * 3
+    assert [r.info["judge_calls"] for r in again] == ["1"] * 3

@@ -91,6 +91,10 @@ class JudgeClient:
         """Model + messages + every sampling parameter: a change in any is a new call."""
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
+    def cached(self, messages: Messages) -> bool:
+        """Whether `chat(messages)` would be answered from the cache, without a judge call."""
+        return self.cache_key(self._body(messages)) in self._cache
+
     async def chat(self, messages: Messages, timeout_s: float, parse: Callable[[str], T]) -> T:
         """`parse` of the judge's answer text (choices[0].message.content) within
         `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:

@@ -1,0 +1,66 @@
+"""`rlfleet rl rlhf -c tiny/rlhf` runs end to end on CPU: the bundled tiny-rlhf blend
+prepared (`prepare_rl`, the reward gateway's row check), the stage started from the
+previous stage's export (`runs/rlvr3/hf`; here SmolLM2 stands in for tiny/rlvr3's export,
+as in test_swe1_stage.py), real local services on the hf engine — the policy's rollout,
+the reward gateway and a second rollout serving the judge (SmolLM2 too), which
+`rlfleet rl` starts from the recipe's `judge` section and wires to the gateway — and
+GRPO with KL 1e-4 to the starting weights. It must train its steps and write its report;
+the KL metric is 0 at step 1 (the batch is trained on the starting weights) and above 0
+after; every step reports the judge's comparisons per second."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
+pytest.importorskip("rlfleet_rollout", reason="the rollout package is not installed")
+pytest.importorskip("rlfleet_reward", reason="the reward package is not installed")
+
+FAST = [
+    "grpo.max_num_steps=2",
+    "grpo.num_prompts_per_step=2",
+    "grpo.num_val_prompts=2",
+    "checkpoint.save_every_steps=0",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_tiny_rlhf_stage_trains_with_kl_against_a_served_judge(tmp_path: Path) -> None:
+    from rlfleet_core.models import resolve_model
+    from rlfleet_dataprep.prep import PrepOptions, prepare_rl
+
+    prepare_rl("tiny-rlhf", PrepOptions(out=tmp_path / "data", val_rows=16))
+    export = tmp_path / "runs" / "rlvr3" / "hf"
+    export.parent.mkdir(parents=True)
+    export.symlink_to(resolve_model("smollm2-135m-instruct"), target_is_directory=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlfleet_cli.main", "rl", "rlhf", "-c", "tiny/rlhf",
+         "--engine", "hf", *FAST],
+        cwd=tmp_path, capture_output=True, text=True, timeout=1400,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    stage = tmp_path / "runs" / "rlhf"
+    report = json.loads((stage / "report.json").read_text())["stages"][0]
+    assert report["stage"] == "rlhf" and report["steps"] == 2
+    assert json.loads((stage / "lineage.json").read_text())["parent_model"] == "runs/rlvr3/hf"
+    started = json.loads((stage / "startup.json").read_text())["services"]
+    assert set(started) == {"reward", "rollout", "judge"}
+    assert started["reward"]["after"] == ["judge"]
+    steps = [s for s in map(json.loads, (stage / "metrics.jsonl").read_text().splitlines())]
+    steps = [s for s in steps if "step" in s]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the starting weights: π = π_ref
+    assert steps[1]["kl"] > 0
+    for s in steps:
+        assert s["genrm/comparisons"] > 0 and s["genrm/comparisons_per_s"] > 0
+    assert "KL" in (stage / "report.md").read_text()
+    assert (stage / "hf" / "config.json").is_file()
+    print(json.dumps({"report": report, "steps": steps})[:3000])
