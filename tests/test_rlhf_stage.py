@@ -22,6 +22,25 @@ pytest.importorskip("rlfleet_trainer", reason="the trainer package is not instal
 pytest.importorskip("rlfleet_rollout", reason="the rollout package is not installed")
 pytest.importorskip("rlfleet_reward", reason="the reward package is not installed")
 
+def test_bundled_blend_is_the_generators_and_passes_the_row_check(tmp_path: Path) -> None:
+    import random
+
+    from rlfleet_dataprep.blends.make_bundled import BLENDS, HERE
+    from rlfleet_dataprep.blends.rlhf import rlhf_rows
+    from rlfleet_dataprep.prep import PrepOptions, prepare_rl
+
+    assert rlhf_rows(128, seed=17) == list(BLENDS["tiny-rlhf"])
+    rows = list(BLENDS["tiny-rlhf"])
+    random.Random(0).shuffle(rows)  # as make_bundled.main does
+    bundled = [json.loads(line) for line in (HERE / "tiny-rlhf.jsonl").read_text().splitlines()]
+    assert bundled == json.loads(json.dumps(rows, sort_keys=True))
+    _, manifest = prepare_rl("tiny-rlhf", PrepOptions(out=tmp_path, val_rows=16))
+    assert manifest.options["row_check"] == "reward environments"
+    assert (manifest.splits["train"]["rows"], manifest.splits["val"]["rows"]) == (112, 16)
+    for row in bundled:
+        assert row["agent_ref"] == {"name": "genrm_compare"} and len(row["principles"]) == 2
+
+
 FAST = [
     "grpo.max_num_steps=2",
     "grpo.num_prompts_per_step=2",

@@ -101,6 +101,9 @@ def test_a_genrm_stage_without_a_judge_is_refused_before_it_starts(tmp_path: Pat
     slurm = load_recipe("super3/rlhf")
     problem = wiring_problem(slurm, planned_overrides(slurm, profile, tmp_path, "vllm"))
     assert problem is not None and "no judge.base_url" in problem
+    one = load_recipe("tiny/rlhf", ["grpo.val_samples_per_prompt=1"])
+    problem = wiring_problem(one, local_overrides(one, "hf"))
+    assert problem is not None and problem.startswith("grpo.val_samples_per_prompt (1)")
     external = load_recipe("super3/rlhf", ["judge.base_url=http://genrm:8000/v1"])
     assert wiring_problem(external, planned_overrides(external, profile, tmp_path, "vllm")) is None
 

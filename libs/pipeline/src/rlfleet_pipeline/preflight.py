@@ -164,6 +164,14 @@ def wiring_problem(recipe: RecipeConfig, plan: dict[str, list[str]]) -> str | No
             "JUDGE_ERROR); set judge.model in the recipe (served beside the stage by "
             "`--run local`) or judge.base_url (an OpenAI-compatible endpoint)"
         )
+    g = recipe.grpo
+    validates = g.val_at_start or g.val_at_end or g.val_every_steps
+    if judged and validates and g.val_samples_per_prompt < 2:
+        return (
+            f"grpo.val_samples_per_prompt ({g.val_samples_per_prompt}) must be >= 2: "
+            f"{', '.join(judged)} scores a prompt's responses against each other (a group "
+            "of one is refused); set grpo.val_samples_per_prompt=2"
+        )
     if SWE_AGENT_ENV in recipe.multi_turn.envs and not _has_value(
         "swe.target", plan.get("reward", [])
     ):
