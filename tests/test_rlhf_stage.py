@@ -22,6 +22,7 @@ pytest.importorskip("rlfleet_trainer", reason="the trainer package is not instal
 pytest.importorskip("rlfleet_rollout", reason="the rollout package is not installed")
 pytest.importorskip("rlfleet_reward", reason="the reward package is not installed")
 
+
 def test_bundled_blend_is_the_generators_and_passes_the_row_check(tmp_path: Path) -> None:
     import random
 
