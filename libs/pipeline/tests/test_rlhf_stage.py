@@ -72,6 +72,7 @@ def test_the_reward_gateway_is_wired_to_the_judges_http_face() -> None:
         "engine_config.max_model_len=1024",
     ]
     assert plan["reward"][0].startswith("judge.base_url=http://")
+    assert "judge.fleet_token=true" in plan["reward"]  # the fleet's judge checks its token
     assert wiring_problem(recipe, plan) is None
     for service, overrides in plan.items():  # each loads with the service's own config
         assert service_problem(service, overrides, installed_only=True) is None, service
@@ -89,6 +90,7 @@ def test_an_external_judge_is_passed_through_and_nothing_is_started() -> None:
     assert "judge" not in plan
     assert "judge.base_url=https://judge.example/v1" in plan["reward"]
     assert "judge.model=big-genrm" in plan["reward"]
+    assert not any(o.startswith("judge.fleet_token") for o in plan["reward"])  # kept inside
     assert wiring_problem(recipe, plan) is None
 
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 from prometheus_client import Counter
+from rlfleet_core.auth import auth_headers
 from rlfleet_core.metrics import REGISTRY
 
 from rlfleet_reward.judge.config import JudgeConfig
@@ -66,6 +67,8 @@ class JudgeClient:
                     f"judge.api_key_env names {config.api_key_env}, which is not set or empty"
                 )
             self._headers["Authorization"] = f"Bearer {key}"
+        if config.fleet_token:  # our own rollout in the fleet: it checks the fleet's token
+            self._headers.update(auth_headers())
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self._cache: OrderedDict[str, str] = OrderedDict()
         self._session: aiohttp.ClientSession | None = None
