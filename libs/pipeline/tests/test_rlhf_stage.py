@@ -62,7 +62,7 @@ def test_super3_rlhf_gives_the_gateway_the_seeds_genrm_settings() -> None:
 def test_the_reward_gateway_is_wired_to_the_judges_http_face() -> None:
     services = ["reward", "rollout", "judge"]
     wired = wiring("reward", services, lambda s: f"{s}:1", lambda s: f"{s}-http:2")
-    assert wired == ["judge.base_url=http://judge-http:2/v1"]
+    assert wired == ["judge.base_url=http://judge-http:2/v1", "judge.fleet_token=true"]
     assert wiring("reward", ["reward", "rollout"], lambda s: f"{s}:1") == []
     recipe = load_recipe("tiny/rlhf")
     plan = local_overrides(recipe, "hf")

@@ -131,8 +131,9 @@ def wiring(
     user's own overrides come after, so they win); `target(other)` is its gRPC address,
     `http(other)` its HTTP one (default: `target`)."""
     wired = []
-    if name == "reward" and "judge" in services:  # the judge model's OpenAI face
-        wired.append(f"judge.base_url=http://{(http or target)('judge')}/v1")
+    if name == "reward" and "judge" in services:  # the judge model's OpenAI face, which
+        # checks the fleet's token like every service of the fleet
+        wired += [f"judge.base_url=http://{(http or target)('judge')}/v1", "judge.fleet_token=true"]
     if name == "reward" and "sandbox" in services:
         wired.append(f"sandbox.target={target('sandbox')}")
     if name == "reward" and "swe-runner" in services:  # the swe_agent episodes' runner

@@ -91,8 +91,6 @@ def judge_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
         reward += [f"judge.model={j.model}"] if j.model else []
         reward += [f"judge.api_key_env={j.api_key_env}"] if j.api_key_env else []
         return {"reward": reward}
-    # The fleet's judge checks the fleet's token, like every service of the fleet.
-    reward.append("judge.fleet_token=true")
     judge = [f"engine={j.engine or engine}", f"model={j.model}"]
     if j.max_model_len is not None:
         judge.append(f"engine_config.max_model_len={j.max_model_len}")
