@@ -6,7 +6,8 @@ the reward gateway and a second rollout serving the judge (SmolLM2 too), which
 `rlfleet rl` starts from the recipe's `judge` section and wires to the gateway — and
 GRPO with KL 1e-4 to the starting weights. It must train its steps and write its report;
 the KL metric is 0 at step 1 (the batch is trained on the starting weights) and above 0
-after; every step reports the judge's comparisons per second."""
+after once step 1 moved the weights; every step reports the judge's comparisons per
+second."""
 
 from __future__ import annotations
 
@@ -78,7 +79,9 @@ def test_tiny_rlhf_stage_trains_with_kl_against_a_served_judge(tmp_path: Path) -
     steps = [s for s in steps if "step" in s]
     assert [s["step"] for s in steps] == [1, 2]
     assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the starting weights: π = π_ref
-    assert steps[1]["kl"] > 0
+    # Step 1 moved the weights when its groups had reward spread (the judge's scores
+    # differed); then step 2's policy differs from the reference.
+    assert steps[0]["grad_norm"] == 0 or steps[1]["kl"] > 0
     for s in steps:
         assert s["genrm/comparisons"] > 0 and s["genrm/comparisons_per_s"] > 0
     assert "KL" in (stage / "report.md").read_text()
