@@ -207,3 +207,28 @@ def test_read_metrics_after_a_crash_and_resume(tmp_path: Path) -> None:
     # a cut-short last line (read while the trainer writes it) is left out too
     path.write_text(json.dumps(old[0]) + "\n" + '{"step": 2, "rew')
     assert read_metrics(path) == [old[0]]
+
+
+def test_report_shows_kl_and_the_judges_throughput(tmp_path: Path) -> None:
+    """An RLHF stage: the last step's KL and the judge's comparisons per second of busy
+    time over all steps (24 comparisons / 8 s = 3.00); an RLVR stage (KL 0, no judge)
+    gets no such line."""
+    rows = {
+        "rlvr1": [{"step": 1, "reward/mean": 0.1, "kl": 0.0}],
+        "rlhf": [
+            {"step": 1, "kl": 0.0, "genrm/comparisons": 16.0, "genrm/busy_s": 6.0},
+            {"step": 2, "kl": 0.0042, "genrm/comparisons": 8.0, "genrm/busy_s": 2.0},
+        ],
+    }
+    stages = []
+    for name, steps in rows.items():
+        path = tmp_path / name / "metrics.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps(r) + "\n" for r in steps))
+        stages.append(StageResult(name, 0.0, 0.0, steps=len(steps), metrics_path=str(path)))
+    report = write_report(tmp_path, stages)
+    assert "- rlhf: KL 0.0042; 24 judge comparisons, 3.00 comparisons/s" in report.read_text()
+    assert "- rlvr1: KL" not in report.read_text()
+    saved = json.loads((tmp_path / "report.json").read_text())["stages"]
+    assert "kl_last" not in saved[0] and "genrm_comparisons" not in saved[0]
+    assert saved[1]["kl_last"] == 0.0042 and saved[1]["genrm_comparisons_per_s"] == 3.0

@@ -192,6 +192,14 @@ class GenRMCompareEnvironment(GroupEnvironment):
             principle = None
         pairs = comparison_pairs(spec.strategy or cfg.comparison_strategy, n)
         orders = [o for i, j in pairs for o in ([(i, j), (j, i)] if cfg.swap_order else [(i, j)])]
+        # Comparisons the judge is asked (a retried group finds the verdicts that parsed
+        # in the cache): every result's `info.judge_calls`, the trainer's GenRM throughput.
+        asked = sum(
+            not judge.cached(
+                judge_messages(spec, principle, samples[i].text, samples[j].text, cfg.prompt_format)
+            )
+            for i, j in orders
+        )
         deadline = time.monotonic() + ctx.timeout_s
         outcomes = await asyncio.gather(
             *(
@@ -225,6 +233,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
                         f"{len(problems[i])} of {total} judge comparisons failed: {shown}",
                         verdict="judge_error",
                         comparisons_failed=len(problems[i]),
+                        judge_calls=asked,
                     )
                 )
                 continue
@@ -254,6 +263,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
                     comparisons=taken,
                     group_tiebreaks=ties,
                     verdicts=json.dumps(verdicts, separators=(",", ":")),
+                    judge_calls=asked,
                 )
             )
         return results

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 from prometheus_client import Counter
+from rlfleet_core.auth import auth_headers
 from rlfleet_core.metrics import REGISTRY
 
 from rlfleet_reward.judge.config import JudgeConfig
@@ -66,6 +67,8 @@ class JudgeClient:
                     f"judge.api_key_env names {config.api_key_env}, which is not set or empty"
                 )
             self._headers["Authorization"] = f"Bearer {key}"
+        if config.fleet_token:  # our own rollout in the fleet: it checks the fleet's token
+            self._headers.update(auth_headers())
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self._cache: OrderedDict[str, str] = OrderedDict()
         self._session: aiohttp.ClientSession | None = None
@@ -90,6 +93,10 @@ class JudgeClient:
     def cache_key(body: dict[str, Any]) -> str:
         """Model + messages + every sampling parameter: a change in any is a new call."""
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    def cached(self, messages: Messages) -> bool:
+        """Whether `chat(messages)` would be answered from the cache, without a judge call."""
+        return self.cache_key(self._body(messages)) in self._cache
 
     async def chat(self, messages: Messages, timeout_s: float, parse: Callable[[str], T]) -> T:
         """`parse` of the judge's answer text (choices[0].message.content) within

@@ -46,6 +46,11 @@ class JudgeConfig(ConfigModel):
     api_key_env: str | None = None
     """Name of the environment variable holding the API key (sent as a Bearer token);
     None = no Authorization header."""
+    fleet_token: bool = False
+    """Send the fleet's shared token (RLFLEET_AUTH_TOKEN_FILE / RLFLEET_AUTH_TOKEN, as the
+    gateway's own services use) as the Bearer token: for a judge that is a rollout service
+    of the same fleet, which requires it (`rlfleet rl` sets this for the judge it starts).
+    Never for an outside endpoint, which would learn the token; not with `api_key_env`."""
     request_timeout_s: float = Field(60.0, gt=0, le=3600)
     """Deadline of one HTTP attempt; the environment's budget lowers it."""
     connect_timeout_s: float = Field(5.0, gt=0, le=120)
@@ -72,6 +77,8 @@ class JudgeConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _key_is_set(self) -> JudgeConfig:
+        if self.fleet_token and self.api_key_env:
+            raise ValueError("fleet_token and api_key_env are exclusive: one Bearer token")
         # Checked at start-up, not at the first judge call hours into a run.
         if self.base_url and self.api_key_env and not os.environ.get(self.api_key_env):
             raise ValueError(
