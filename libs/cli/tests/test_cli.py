@@ -214,7 +214,8 @@ def test_a_killed_trainer_is_named() -> None:
     trainer (a tool-use stage at micro-batch 4): the signal is now named, with the fix."""
     from pathlib import Path
 
-    from rlfleet_cli.commands.rl import _exit_code, trainer_exit_message
+    from rlfleet_cli.commands.rl import trainer_exit_message
+    from rlfleet_pipeline.stage import shell_exit_code as _exit_code
 
     killed = trainer_exit_message("rlvr1", -9, Path("runs/rlvr1"))
     assert "killed by SIGKILL" in killed and "train_micro_batch_size" in killed

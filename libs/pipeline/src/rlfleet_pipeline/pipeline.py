@@ -37,7 +37,7 @@ from rlfleet_dataprep.prep import PrepOptions, prepare_rl, resolve_blend
 from rlfleet_pipeline.fleet import LocalFleet, tail_lines
 from rlfleet_pipeline.recipes import load_recipe
 from rlfleet_pipeline.report import StageResult, heldout_failures, read_metrics, write_report
-from rlfleet_pipeline.stage import trainer_command
+from rlfleet_pipeline.stage import trainer_command, trainer_end
 
 
 class PipelineError(RuntimeError):
@@ -332,7 +332,7 @@ def run_stage(
     on_poll(read_metrics(folder.metrics), "done")
     if trainer.process.returncode != 0:
         raise PipelineError(
-            f"stage {recipe.stage}: the trainer exited with code {trainer.process.returncode}; "
+            f"stage {recipe.stage}: the trainer {trainer_end(trainer.process.returncode)}; "
             f"last lines of {trainer.log_path}:\n{trainer.log_tail()}"
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +101,26 @@ def judge_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
 
 
 ROLLOUT_ENGINES = ("vllm", "hf")
+
+
+def trainer_end(code: int) -> str:
+    """How a trainer process ended, for a user: its exit code, or the signal that killed it
+    (SIGKILL is most often the kernel's out-of-memory killer, which leaves no line of its own)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    hint = (
+        "; out of memory is the usual cause: lower policy.train_micro_batch_size / "
+        "logprob_micro_batch_size, or check `dmesg`"
+        if name == "SIGKILL"
+        else ""
+    )
+    return f"was killed by {name}{hint}"
+
+
+def shell_exit_code(code: int) -> int:
+    """A shell's convention: 128 + the signal for a process killed by one."""
+    return code if code >= 0 else 128 - code
 
 
 def stage_kind(recipe: RecipeConfig) -> str:

@@ -85,6 +85,7 @@ def rl(
         rollout_overrides,
         run_compose,
         run_local,
+        shell_exit_code,
         summary,
     )
 
@@ -146,31 +147,18 @@ def rl(
     if code == 0:
         _write_report(run_dir, recipe, config, time.monotonic() - started)
         raise typer.Exit(0)
-    raise fail(escape(trainer_exit_message(recipe.stage, code, run_dir)), code=_exit_code(code))
+    raise fail(
+        escape(trainer_exit_message(recipe.stage, code, run_dir)), code=shell_exit_code(code)
+    )
 
 
 def trainer_exit_message(stage: str, code: int, run_dir: Path) -> str:
-    """One line for a trainer that did not finish: a signal is named (SIGKILL is most often
-    the kernel's out-of-memory killer, which leaves no line of its own)."""
-    import signal
+    """One line for a trainer that did not finish (how it ended: rlfleet_pipeline.stage)."""
+    from rlfleet_pipeline.stage import trainer_end
 
     if code >= 0:
-        return f"stage {stage}: the trainer exited with code {code} (its error is above)"
-    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-    hint = (
-        "; out of memory is the usual cause: lower policy.train_micro_batch_size / "
-        "logprob_micro_batch_size, or check `dmesg`"
-        if name == "SIGKILL"
-        else ""
-    )
-    return (
-        f"stage {stage}: the trainer was killed by {name}{hint}; continue with --resume ({run_dir})"
-    )
-
-
-def _exit_code(code: int) -> int:
-    """A shell's convention: 128 + the signal for a process killed by one."""
-    return code if code >= 0 else 128 - code
+        return f"stage {stage}: the trainer {trainer_end(code)} (its error is above)"
+    return f"stage {stage}: the trainer {trainer_end(code)}; continue with --resume ({run_dir})"
 
 
 def _write_report(run_dir: Path, recipe: RecipeConfig, config: str, wall_s: float) -> None:
