@@ -12,7 +12,9 @@ the arithmetic is in judge/genrm.py.
 A comparison whose judge call fails (no answer in time, HTTP error, an answer that is not
 a verdict) fails both responses in it: they get JUDGE_ERROR with the reasons, never a
 default score. The rest of the group is scored from their own (all successful)
-comparisons, and the group-relative adjustments are taken over them.
+comparisons, and the group-relative adjustments are taken over them. With
+`genrm.score_partial` a response is instead scored from the comparisons of it that
+succeeded (failing only when none did); `info.comparisons_failed` counts the others.
 
 Row fields:
 - `responses_create_params.input` (required): the conversation the responses answer.
@@ -214,7 +216,11 @@ class GenRMCompareEnvironment(GroupEnvironment):
                 problems[i].append(f"{i} vs {j}: {outcome}")
                 problems[j].append(f"{i} vs {j}: {outcome}")
         base, ties = aggregate(done, n)
-        ok = [i for i in range(n) if not problems[i] and base[i] is not None]
+        ok = [
+            i
+            for i in range(n)
+            if base[i] is not None and (cfg.score_partial or not problems[i])
+        ]
         adjust = _adjustments(cfg)
         ok_base = [float(base[i] or 0.0) for i in ok]
         length = length_adjustments(
@@ -224,7 +230,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
         results: list[Score] = []
         for i in range(n):
             taken = sum(1 for c in done if i in (c.first, c.second))
-            if problems[i]:
+            if i not in ok:
                 total = taken + len(problems[i])
                 shown = "; ".join(problems[i][:3])
                 results.append(
@@ -264,6 +270,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
                     group_tiebreaks=ties,
                     verdicts=json.dumps(verdicts, separators=(",", ":")),
                     judge_calls=asked,
+                    comparisons_failed=len(problems[i]),
                 )
             )
         return results

@@ -77,6 +77,8 @@ class JudgeClient:
 
     def _body(self, messages: Messages) -> dict[str, Any]:
         c = self.config
+        if c.answer_prefix:  # a prefill the judge continues (vLLM's chat extension)
+            messages = [*messages, {"role": "assistant", "content": c.answer_prefix}]
         body: dict[str, Any] = {
             "model": c.model,
             "messages": messages,
@@ -87,6 +89,9 @@ class JudgeClient:
         }
         if c.seed is not None:
             body["seed"] = c.seed
+        if c.answer_prefix:
+            body["add_generation_prompt"] = False
+            body["continue_final_message"] = True
         return body
 
     @staticmethod
@@ -99,8 +104,8 @@ class JudgeClient:
         return self.cache_key(self._body(messages)) in self._cache
 
     async def chat(self, messages: Messages, timeout_s: float, parse: Callable[[str], T]) -> T:
-        """`parse` of the judge's answer text (choices[0].message.content) within
-        `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:
+        """`parse` of the judge's answer text (`judge.answer_prefix` + choices[0].message.content)
+        within `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:
         a retried group asks again what failed instead of replaying the failure."""
         deadline = time.monotonic() + timeout_s
         body = self._body(messages)
@@ -112,7 +117,7 @@ class JudgeClient:
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._slots:
-                    text = await self._with_retries(body, deadline)
+                    text = self.config.answer_prefix + await self._with_retries(body, deadline)
         except TimeoutError:
             JUDGE_CALLS.labels("timeout").inc()
             raise JudgeError(f"the judge did not answer within {timeout_s:.1f}s") from None
