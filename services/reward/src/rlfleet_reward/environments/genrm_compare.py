@@ -216,11 +216,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
                 problems[i].append(f"{i} vs {j}: {outcome}")
                 problems[j].append(f"{i} vs {j}: {outcome}")
         base, ties = aggregate(done, n)
-        ok = [
-            i
-            for i in range(n)
-            if base[i] is not None and (cfg.score_partial or not problems[i])
-        ]
+        ok = [i for i in range(n) if base[i] is not None and (cfg.score_partial or not problems[i])]
         adjust = _adjustments(cfg)
         ok_base = [float(base[i] or 0.0) for i in ok]
         length = length_adjustments(
