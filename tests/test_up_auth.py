@@ -78,3 +78,56 @@ def test_rlfleet_up_makes_and_requires_a_token(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_rlfleet_up_serves_a_judge_for_the_gateway(tmp_path: Path) -> None:
+    """`--judge-model` starts a second rollout service (`judge`) and wires the reward
+    gateway to its OpenAI face with the fleet's token: a genrm_compare group reaches it
+    (the tiny random model writes no verdict, so the failure names the judge's answer,
+    not a missing judge)."""
+    from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
+
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
+    env["COLUMNS"] = "400"
+    bad = subprocess.run(
+        [RLFLEET, "up", "--services", "reward", "--judge-model", "tiny", "--judge-engine", "x"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "--judge-engine" in bad.stderr and "Traceback" not in bad.stderr
+    run_dir = tmp_path / "up"
+    log = tmp_path / "up.out"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [RLFLEET, "up", "--services", "reward", "--judge-model", "tiny",
+             "--run-dir", str(run_dir)],
+            stdout=sink, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        out = _read_until(proc, log, r"auth token: .*RLFLEET_AUTH_TOKEN_FILE=\S+\)", 300)
+        assert set(json.loads((run_dir / "startup.json").read_text())["services"]) == {
+            "judge",
+            "reward",
+        }
+        target = re.search(r"reward\s+│?\s*(127\.0\.0\.1:\d+)", out)
+        assert target, out
+        row = {"responses_create_params": {"input": [{"role": "user", "content": "Hi?"}]}}
+        request = reward_pb2.ScoreGroupRequest(
+            request_id="g",
+            env="genrm_compare",
+            row_json=json.dumps(row),
+            responses=[reward_pb2.Response(text=t) for t in ("Hello!", "Hi there.")],
+        )
+        token = (run_dir / "auth_token").read_text().strip()
+        with connect_sync(target.group(1), auth_token=token) as channel:
+            reply = reward_pb2_grpc.RewardServiceStub(channel).ScoreGroup(request, timeout=240)
+        for result in reply.results:
+            reason = result.failure_reason
+            assert result.failure_kind == reward_pb2.FAILURE_KIND_JUDGE_ERROR, result
+            assert "judge.base_url" not in reason and "not a verdict" in reason, reason
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

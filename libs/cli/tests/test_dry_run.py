@@ -42,7 +42,7 @@ sandbox = "s.sqsh"
 swe-runner = "e.sqsh"
 """
 PROFILES = ("local", "compose", "cluster")
-TINY_BLENDS = ("tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3", "tiny-mix", "tiny-tooluse")
+TINY_BLENDS = ("tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3", "tiny-mix", "tiny-tooluse", "tiny-rlhf")
 
 
 def stage_kind(recipe: str) -> str:

@@ -185,3 +185,32 @@ def test_shared_file_recipe_tells_the_rollout_to_trust_its_folder(tmp_path: Path
     assert parsed["weight_file_roots"] == [str(shared)]
     plain = parse_overrides(rollout_overrides(load_recipe("test"), "hf")["rollout"])
     assert "weight_file_roots" not in plain
+
+
+def test_dpo_stage_plan_and_start_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlfleet rl dpo -c tiny/dpo --dry-run`: reward + rollout (no sandbox), the trainer;
+    the start checks refuse a dpo stage that has no multi-turn env or several ranks."""
+    blend = tmp_path / "data/tiny-tooluse"
+    for split in ("train", "val"):
+        (blend / split).mkdir(parents=True)
+        (blend / split / "data.jsonl").write_text('{"x": 1}\n')
+    result = subprocess.run(
+        [RLFLEET, "rl", "dpo", "-c", "tiny/dpo", "--dry-run", "--engine", "hf"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    plan = result.stdout.split("# launch plan")[1]
+    assert "# local: reward, rollout as processes" in plan and "sandbox" not in plan
+    assert "-m rlfleet_trainer run -c runs/dpo-tooluse/recipe.yaml" in plan
+    assert "samples_per_prompt: 6" in result.stdout
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe("tiny/dpo")
+    assert start_problem(recipe.model_copy(update={"multi_turn": RecipeConfig().multi_turn})) == (
+        "stage dpo-tooluse: a dpo stage samples multi-turn tool-use trajectories; set "
+        "multi_turn.envs (e.g. [tool_use])"
+    )
+    two = load_recipe("tiny/dpo", ["policy.data_parallel_size=2"])
+    assert "policy.world_size is 2; a dpo stage trains in one process" in str(start_problem(two))

@@ -148,6 +148,26 @@ def test_report_without_failure_keys_says_no_failures(tmp_path: Path) -> None:
     assert (tmp_path / "plots" / "rlvr1_reward.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_report_shows_the_heldout_tool_call_rates(tmp_path: Path) -> None:
+    """A stage whose held-out set is multi-turn (a DPO stage's): hallucination and
+    valid-call rates before → after, in report.md and report.json; a DPO stage's
+    metrics (loss, no reward) still make a report."""
+    rows: list[dict[str, object]] = [{"step": i, "loss": 0.7 - i / 10} for i in range(1, 4)]
+    heldout = {
+        "before": {"reward": 0.0, "reward/tool_use": 0.0},
+        "after": {"reward": 0.05, "reward/tool_use": 0.05},
+        "details": {
+            "before": {"accuracy": 0.0, "hallucination_rate": 0.5, "valid_call_rate": 0.1},
+            "after": {"accuracy": 0.05, "hallucination_rate": 0.25, "valid_call_rate": 0.3},
+        },
+    }
+    result = stage_result(TINY.stages[0], _stage_folder(tmp_path, rows, heldout), wall_s=1.0)
+    text = write_report(tmp_path, [result]).read_text()
+    assert "| rlvr1 | 0.50 → 0.25 (-0.25) | 0.10 → 0.30 (+0.20) |" in text
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["stages"][0]["heldout_details"]["after"]["hallucination_rate"] == 0.25
+
+
 def test_odd_failure_values_count_as_zero(tmp_path: Path) -> None:
     """Hand-edited or truncated files must not crash the report: non-numbers, NaN and
     a `failures` entry of the wrong shape read as no failures."""
@@ -187,3 +207,28 @@ def test_read_metrics_after_a_crash_and_resume(tmp_path: Path) -> None:
     # a cut-short last line (read while the trainer writes it) is left out too
     path.write_text(json.dumps(old[0]) + "\n" + '{"step": 2, "rew')
     assert read_metrics(path) == [old[0]]
+
+
+def test_report_shows_kl_and_the_judges_throughput(tmp_path: Path) -> None:
+    """An RLHF stage: the last step's KL and the judge's comparisons per second of busy
+    time over all steps (24 comparisons / 8 s = 3.00); an RLVR stage (KL 0, no judge)
+    gets no such line."""
+    rows = {
+        "rlvr1": [{"step": 1, "reward/mean": 0.1, "kl": 0.0}],
+        "rlhf": [
+            {"step": 1, "kl": 0.0, "genrm/comparisons": 16.0, "genrm/busy_s": 6.0},
+            {"step": 2, "kl": 0.0042, "genrm/comparisons": 8.0, "genrm/busy_s": 2.0},
+        ],
+    }
+    stages = []
+    for name, steps in rows.items():
+        path = tmp_path / name / "metrics.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps(r) + "\n" for r in steps))
+        stages.append(StageResult(name, 0.0, 0.0, steps=len(steps), metrics_path=str(path)))
+    report = write_report(tmp_path, stages)
+    assert "- rlhf: KL 0.0042; 24 judge comparisons, 3.00 comparisons/s" in report.read_text()
+    assert "- rlvr1: KL" not in report.read_text()
+    saved = json.loads((tmp_path / "report.json").read_text())["stages"]
+    assert "kl_last" not in saved[0] and "genrm_comparisons" not in saved[0]
+    assert saved[1]["kl_last"] == 0.0042 and saved[1]["genrm_comparisons_per_s"] == 3.0

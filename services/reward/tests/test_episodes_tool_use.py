@@ -267,6 +267,33 @@ def test_error_results_say_why(stub: reward_pb2_grpc.RewardServiceStub) -> None:
     caller.close(episode.episode_id, abandon=True)
 
 
+def test_close_counts_the_calls_by_kind(stub: reward_pb2_grpc.RewardServiceStub) -> None:
+    """The score's info counts the episode's calls by how they ended (the trainer's
+    hallucination rate reads them): unknown tool, arguments refused before the tool ran
+    (not JSON, not an object, outside the schema), the tool's own refusal, and calls that ran."""
+    caller = Caller(stub)
+    episode = caller.open("tool_use", SOLVED)
+    caller.step(
+        episode.episode_id,
+        ("wire_money", {}),
+        ("transfer", '{"from_account": '),
+        ("transfer", "[1, 2]"),
+        ("transfer", {"from_account": "A1", "to_account": "A2", "amount": "30"}),
+        ("transfer", {"from_account": "A3", "to_account": "A2", "amount": 1}),
+        ("get_balance", {"account_id": "Z9"}),
+    )
+    caller.step(episode.episode_id, T)
+    score = caller.close(episode.episode_id, "done")
+    assert score.reward == 1.0
+    assert {k: v for k, v in score.info.items() if k.startswith("calls/")} == {
+        "calls/ok": "1",
+        "calls/unknown_tool": "1",
+        "calls/invalid_arguments": "3",
+        "calls/tool_error": "2",
+        "calls/after_end": "0",
+    }
+
+
 def test_row_tools_are_shown_and_limit_the_calls(stub: reward_pb2_grpc.RewardServiceStub) -> None:
     tools = [
         {

@@ -389,3 +389,23 @@ async def test_a_retried_group_asks_again_only_what_failed() -> None:
             await client.close()
     assert len(judge.requests) == 7  # only the garbled comparison went to the judge again
     assert [r.reward for r in again] == [3.0, 2.0, 1.0]
+    # What each result tells the trainer the group asked the judge (its GenRM throughput):
+    # failed and scored responses alike, cache hits not counted.
+    assert [r.info["judge_calls"] for r in first] == ["6"] * 3
+    assert [r.info["judge_calls"] for r in again] == ["1"] * 3
+
+
+async def test_fleet_token_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The judge `rlfleet rl` starts is a rollout of the fleet and checks the fleet's token
+    (`judge.fleet_token=true`); any other judge never sees it, even with a token set."""
+    from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV, generate_token
+
+    token = generate_token()
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    judge = ScriptedJudge(answer=lambda _: "ok")
+    assert await chat_once(judge, fleet_token=True) == ("ok", None)
+    assert await chat_once(judge) == ("ok", None)
+    assert judge.authorization == [f"Bearer {token}", None]
+    with pytest.raises(ValueError, match="fleet_token and api_key_env are exclusive"):
+        JudgeConfig(base_url="http://x/v1", fleet_token=True, api_key_env=TOKEN_ENV)

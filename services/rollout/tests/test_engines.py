@@ -29,7 +29,7 @@ from rlfleet_rollout.service import SERVICE
 from rlfleet_weights.collective import GroupSpec, WeightGroup, send_weights
 from rlfleet_weights.grpc_stream import iter_weight_chunks
 from rlfleet_weights.plan import specs_of
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
@@ -374,3 +374,41 @@ async def test_openai_completions_ignore_eos(harness: Harness) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as info:
         await asyncio.to_thread(run, "maybe")
     assert "ignore_eos" in info.value.response.text
+
+
+async def test_openai_chat_continue_final_message(harness: Harness) -> None:
+    """vLLM's chat extension for a prefilled answer (the judge's `answer_prefix`): the
+    prompt ends with the assistant's started message, no end-of-turn after it; a request
+    that cannot mean that is refused naming the field."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{harness.http_port}/v1", api_key="unused")
+    prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well,"}]
+
+    def run(messages: list[dict[str, str]], **extra: Any) -> Any:
+        return client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=3, temperature=0, extra_body=extra
+        ).choices[0]
+
+    choice = await asyncio.to_thread(
+        run, prefill, continue_final_message=True, add_generation_prompt=False
+    )
+    prompt = (choice.message.model_extra or {})["prompt_token_ids"]
+    tokenizer = AutoTokenizer.from_pretrained(harness.model_path)
+    assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\nWell,")
+    opened = await asyncio.to_thread(run, prefill)  # default: a new assistant turn
+    assert tokenizer.decode((opened.message.model_extra or {})["prompt_token_ids"]).endswith(
+        "Well,<|im_end|>\n<|im_start|>assistant\n"
+    )
+    for messages, extra, reason in [
+        (prefill, {"continue_final_message": True}, "add_generation_prompt: false"),
+        (
+            prefill[:1],
+            {"continue_final_message": True, "add_generation_prompt": False},
+            "the last message must be the assistant's",
+        ),
+    ]:
+        with pytest.raises(openai.BadRequestError) as info:
+            await asyncio.to_thread(run, messages, **extra)
+        assert "continue_final_message" in info.value.response.text
+        assert reason in info.value.response.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,18 @@ async def test_a_malformed_call_is_answered_with_an_error_the_model_sees(tokeniz
     assert calls == [("set_value", '{"key": "a", "value": 3}')]  # the bad call never ran
     assert traj.reward == 1.0
     check_alignment(traj, tokenizer, script)
+    # The trainer's malformed call plus the episode's own counts (agent.calls).
+    assert {k: n for k, n in traj.tool_calls.items() if n} == {"malformed": 1, "ok": 1}
+
+
+async def test_a_call_cut_by_the_token_limit_counts_as_malformed(tokenizer: Any) -> None:
+    """A turn that ends inside `<tool_call>` (max_tokens) runs nothing, and the unclosed
+    call counts as malformed: the trajectory holds a hallucinated call."""
+    script = [call("set_value", key="a", value=3)]
+    async with world(tokenizer, [script]) as w:
+        [traj] = await w.agent.group(kv_prompt({"a": 3}), 1, replace(SAMPLING, max_tokens=16))
+    assert traj.truncated and traj.reward == 0.0
+    assert {k: n for k, n in traj.tool_calls.items() if n} == {"malformed": 1}
 
 
 async def test_the_environment_can_end_the_episode(tokenizer: Any) -> None:

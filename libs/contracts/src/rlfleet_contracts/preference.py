@@ -49,6 +49,22 @@ class DPOConfig(ConfigModel):
     lr: float = Field(5e-7, gt=0, lt=1)
     """Learning rate of the DPO stage (DPO papers use 5e-7 to 1e-6 on full models)."""
 
+    # The `rlfleet rl dpo` stage: pairs sampled from the policy (docs/trainer.md "DPO").
+    num_prompts: int = Field(0, ge=0)
+    """Training prompts sampled for pairs, in data order (0 = every training row)."""
+    samples_per_prompt: int = Field(4, ge=2)
+    """K trajectories per prompt through the rollout and reward services."""
+    prompts_in_flight: int = Field(8, ge=1)
+    """Prompts sampled at once: a trajectory's wall time (multi_turn.max_trajectory_time_s)
+    counts its wait for the engine, so all of them at once on a small machine would time
+    out."""
+    max_pairs_per_prompt: int = Field(2, ge=1)
+    """At most this many pairs from one prompt (each hallucinated sample is used once)."""
+    pairs_per_step: int = Field(8, ge=1)
+    """Pairs per optimizer step."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the pairs."""
+
     @model_validator(mode="after")
     def _variant_rules(self) -> DPOConfig:
         if self.loss_type == "ipo" and self.label_smoothing > 0:
@@ -57,6 +73,11 @@ class DPOConfig(ConfigModel):
                 "dpo.loss_type=ipo; set dpo.label_smoothing=0 or use loss_type=sigmoid"
             )
         return self
+
+
+def is_dpo_stage(stage: str) -> bool:
+    """A recipe's `stage` name of kind `dpo` (`rlfleet rl dpo`)."""
+    return stage.startswith("dpo")
 
 
 class PreferenceError(DataError):

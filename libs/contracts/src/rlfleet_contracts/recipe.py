@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
 from rlfleet_core.models import check_model_reference
 
+from rlfleet_contracts.judge import JudgeModelConfig
 from rlfleet_contracts.multiturn import MultiTurnConfig
 from rlfleet_contracts.preference import DPOConfig
 from rlfleet_contracts.reasoning import ReasoningConfig
@@ -345,6 +346,8 @@ class RecipeConfig(ConfigModel):
     """Multi-turn (agentic) environments and trajectory limits (rlfleet_contracts.multiturn)."""
     dpo: DPOConfig = DPOConfig()
     """Preference optimisation (DPO/IPO/SimPO) settings (rlfleet_contracts.preference)."""
+    judge: JudgeModelConfig = JudgeModelConfig()
+    """The judge model of judge environments, served beside the stage or external (judge.py)."""
     services: ServicesConfig = ServicesConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()

@@ -24,6 +24,7 @@ through these classes, so a renamed file cannot leave one side behind.
       heldout.json                held-out reward {"before": {...}, "after": {...}, "samples"...}
       heldout_<label>.jsonl       every held-out sample (text, reward) of one validation
       ledger.jsonl                prompt ledger (exactly-once accounting)
+      pairs.jsonl                 a DPO stage's preference pairs (text, verdicts, rewards)
       summary.json                written last: the stage finished
       lineage.json                input checkpoint, data, recipe (rlfleet run / rlfleet rl)
       checkpoints/step_N/         resumable trainer checkpoints
@@ -77,6 +78,11 @@ class StageFolder:
     @property
     def ledger(self) -> Path:
         return self.root / "ledger.jsonl"
+
+    @property
+    def pairs(self) -> Path:
+        """A DPO stage's preference pairs (rlfleet_contracts.preference rows)."""
+        return self.root / "pairs.jsonl"
 
     @property
     def summary(self) -> Path:

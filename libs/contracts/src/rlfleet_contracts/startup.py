@@ -21,6 +21,7 @@ from typing import Any
 from rlfleet_core.hub import ModelNotFound, looks_like_path, resolve_hub_model
 from rlfleet_core.models import BUNDLED_MODELS
 
+from rlfleet_contracts.preference import is_dpo_stage
 from rlfleet_contracts.recipe import DataConfig, RecipeConfig
 
 
@@ -204,7 +205,26 @@ def start_problem(
         problem = shape_problem(recipe)
     if problem is None and megatron and world_size is not None:
         problem = world_size_problem(p.tensor_parallel_size, p.pipeline_parallel_size, world_size)
+    if problem is None:
+        problem = dpo_problem(recipe)
     return problem
+
+
+def dpo_problem(recipe: RecipeConfig) -> str | None:
+    """A dpo stage samples tool-use episodes and trains in one process."""
+    if not is_dpo_stage(recipe.stage):
+        return None
+    if not recipe.multi_turn.envs:
+        return (
+            f"stage {recipe.stage}: a dpo stage samples multi-turn tool-use trajectories; "
+            "set multi_turn.envs (e.g. [tool_use])"
+        )
+    if recipe.policy.world_size != 1:
+        return (
+            f"stage {recipe.stage}: policy.world_size is {recipe.policy.world_size}; a dpo "
+            "stage trains in one process: set the parallel sizes to 1"
+        )
+    return None
 
 
 def check_start(

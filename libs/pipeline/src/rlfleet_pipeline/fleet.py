@@ -11,9 +11,10 @@ Ports: each service binds port 0 itself and writes the ports it got to
 `rlfleet_core.ports`), so no port is ever picked by one process and bound by another.
 
 Start-up: every service starts at once, except that one needing another's address (the
-reward gateway: `sandbox.target`, `swe.target`) starts as soon as that one has reported its port; it
-need not wait for SERVING, since the gateway's sandbox channel connects lazily and the
-fleet hands out no address before all are SERVING. The times of each (spawned, ports
+reward gateway: `sandbox.target`, `swe.target`, `judge.base_url` of the `judge` rollout)
+starts as soon as that one has reported its port; it need not wait for SERVING, since the
+gateway's sandbox channel and judge client connect lazily and the fleet hands out no
+address before all are SERVING. The times of each (spawned, ports
 bound, SERVING) go to <run_dir>/startup.json and to `say` (stderr by default). A service
 that exits or times out while starting is named with its log tail, and the others are
 stopped.
@@ -55,9 +56,10 @@ from rlfleet_core.ports import read_port_file
 from rlfleet_pipeline.caches import cache_env
 from rlfleet_pipeline.services import service_command
 
-# Dependencies first (the reward gateway calls the sandbox); stopped in reverse.
-START_ORDER = ("sandbox", "reward", "rollout", "swe-runner", "trainer")
-DEPENDS_ON = {"reward": ("sandbox", "swe-runner")}
+# Dependencies first (the reward gateway calls the sandbox); stopped in reverse. `judge` is
+# a second rollout service serving the judge model (services.SERVICE_INSTANCES).
+START_ORDER = ("sandbox", "judge", "reward", "rollout", "swe-runner", "trainer")
+DEPENDS_ON = {"reward": ("sandbox", "swe-runner", "judge")}
 """A service starts once these (when in the fleet) have reported their ports."""
 
 
@@ -119,10 +121,19 @@ class ServiceProcess:
         return tail_lines(self.log_path, lines)
 
 
-def wiring(name: str, services: Sequence[str], target: Callable[[str], str]) -> list[str]:
+def wiring(
+    name: str,
+    services: Sequence[str],
+    target: Callable[[str], str],
+    http: Callable[[str], str] | None = None,
+) -> list[str]:
     """Overrides that point service `name` at the others of a fleet of `services` (the
-    user's own overrides come after, so they win); `target(other)` is its address."""
+    user's own overrides come after, so they win); `target(other)` is its gRPC address,
+    `http(other)` its HTTP one (default: `target`)."""
     wired = []
+    if name == "reward" and "judge" in services:  # the judge model's OpenAI face, which
+        # checks the fleet's token like every service of the fleet
+        wired += [f"judge.base_url=http://{(http or target)('judge')}/v1", "judge.fleet_token=true"]
     if name == "reward" and "sandbox" in services:
         wired.append(f"sandbox.target={target('sandbox')}")
     if name == "reward" and "swe-runner" in services:  # the swe_agent episodes' runner
@@ -223,7 +234,12 @@ class LocalFleet:
         return ServiceProcess(name, log_path, port_file, process)
 
     def _wiring(self, name: str) -> list[str]:
-        return wiring(name, self.services, lambda other: self.processes[other].target)
+        return wiring(
+            name,
+            self.services,
+            lambda other: self.processes[other].target,
+            lambda other: f"127.0.0.1:{self.processes[other].http_port}",
+        )
 
     def _start_one(self, name: str, started: float) -> None:
         """Wait for the dependencies' ports, spawn, wait for the ports, wait for SERVING."""

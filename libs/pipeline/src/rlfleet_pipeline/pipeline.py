@@ -239,6 +239,11 @@ def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageR
         checkpoint=str(summary.get("checkpoint", "")),
         metrics_path=str(folder.metrics),
         heldout_failures=heldout_failures(heldout),
+        heldout_details={
+            label: {k: float(v) for k, v in values.items()}
+            for label, values in heldout.get("details", {}).items()
+            if isinstance(values, dict)
+        },
     )
 
 

@@ -7,7 +7,8 @@ same one-line message.
 - every service's `key=value` overrides in the launch plan, loaded with the service's own
   config model through `load_service_config` (what the service does when it starts);
 - the wiring the stage needs: a reward gateway told where the sandbox is, a swe-runner
-  (and where it is, for `swe_agent` episodes);
+  (and where it is, for `swe_agent` episodes), a judge (`judge.base_url`) for
+  `genrm_compare`;
 - locally, for `swe_agent` episodes: every instance image the data names is built.
 
 The overrides are read from the plan each launcher really runs: the local fleet's
@@ -42,9 +43,14 @@ from rlfleet_pipeline.stage import (
     StageError,
     compose_model_problem,
     compose_stack,
+    local_services,
     rollout_overrides,
+    stage_envs,
     stage_services,
 )
+
+JUDGE_ENVS = frozenset({"genrm_compare"})
+"""Environments that ask the reward gateway's judge (`judge.base_url`)."""
 
 # ${VAR:-default} in a compose command: the value the launcher sets, else the default.
 _COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -65,7 +71,7 @@ def _key_values(args: list[str]) -> list[str]:
 
 def local_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
     """What LocalFleet passes each service: its wiring, then the stage's overrides."""
-    services = stage_services(recipe)
+    services = local_services(recipe)
     extra = rollout_overrides(recipe, engine)
     return {s: [*wiring(s, services, lambda _: "127.0.0.1:0"), *extra.get(s, [])] for s in services}
 
@@ -149,6 +155,22 @@ def wiring_problem(recipe: RecipeConfig, plan: dict[str, list[str]]) -> str | No
             f"stage {recipe.stage} scores code in the sandbox, but the launch plan gives the "
             "reward service no sandbox.target (its code environment would answer "
             "SANDBOX_ERROR)"
+        )
+    judged = sorted(JUDGE_ENVS.intersection(stage_envs(recipe)))
+    if judged and not _has_value("judge.base_url", plan.get("reward", [])):
+        return (
+            f"stage {recipe.stage} scores with {', '.join(judged)} (an LLM judge), but the "
+            "launch plan gives the reward service no judge.base_url (every sample would be a "
+            "JUDGE_ERROR); set judge.model in the recipe (served beside the stage by "
+            "`--run local`) or judge.base_url (an OpenAI-compatible endpoint)"
+        )
+    g = recipe.grpo
+    validates = g.val_at_start or g.val_at_end or g.val_every_steps
+    if judged and validates and g.val_samples_per_prompt < 2:
+        return (
+            f"grpo.val_samples_per_prompt ({g.val_samples_per_prompt}) must be >= 2: "
+            f"{', '.join(judged)} scores a prompt's responses against each other (a group "
+            "of one is refused); set grpo.val_samples_per_prompt=2"
         )
     if SWE_AGENT_ENV in recipe.multi_turn.envs and not _has_value(
         "swe.target", plan.get("reward", [])

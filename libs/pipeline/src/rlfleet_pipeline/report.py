@@ -38,6 +38,8 @@ class StageResult:
     metrics_path: str = ""
     heldout_failures: dict[str, dict[str, float]] = field(default_factory=dict)
     """heldout.json's `failures`: validation label → {failed_prompts, failed_samples}."""
+    heldout_details: dict[str, dict[str, float]] = field(default_factory=dict)
+    """heldout.json's `details`: validation label → {accuracy, hallucination_rate, ...}."""
 
 
 @dataclass
@@ -119,6 +121,22 @@ def failure_totals(stage: StageResult, rows: list[dict[str, Any]]) -> FailureTot
         totals.heldout_failed_prompts += _count(counts.get("failed_prompts"))
         totals.heldout_failed_samples += _count(counts.get("failed_samples"))
     return totals
+
+
+def kl_and_judge(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """A stage's KL to its reference (the last step's `kl`, when some step had one above
+    0) and its GenRM judge's work (`genrm/*` summed: comparisons, and comparisons per
+    second of judged-group busy time). {} for a stage with neither."""
+    out: dict[str, float] = {}
+    kls = [float(r["kl"]) for r in rows if _is_number(r.get("kl"))]
+    if any(k > 0 for k in kls):
+        out["kl_last"] = kls[-1]
+    calls = sum(_count(r.get("genrm/comparisons")) for r in rows)
+    busy = sum(float(r["genrm/busy_s"]) for r in rows if _is_number(r.get("genrm/busy_s")))
+    if calls:
+        out["genrm_comparisons"] = float(calls)
+        out["genrm_comparisons_per_s"] = calls / busy if busy > 0 else 0.0
+    return out
 
 
 def _count(value: Any) -> int:
@@ -213,6 +231,7 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     folder = PipelineFolder(run_dir)
     plots = []
     totals = []
+    extras = []
     lines = [
         "# rlfleet run report",
         "",
@@ -227,6 +246,7 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
         )
         rows = read_metrics(Path(stage.metrics_path)) if stage.metrics_path else []
         totals.append(failure_totals(stage, rows))
+        extras.append(kl_and_judge(rows))
         png = plot_stage(stage, rows, folder.plots / f"{stage.stage}_reward.png")
         if png:
             plots.append(png)
@@ -247,8 +267,14 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
                 for e in envs
             ]
             lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
+    lines += _tool_call_lines(stages)
     lines += ["", 'Failures (docs/trainer.md, "Failures"):', ""]
     lines += [f"- {s.stage}: {_failure_line(t)}" for s, t in zip(stages, totals, strict=True)]
+    if any(extras):
+        lines += ["", "KL to the reference (last step) and the GenRM judge:", ""]
+        lines += [
+            f"- {s.stage}: {_kl_judge_line(e)}" for s, e in zip(stages, extras, strict=True) if e
+        ]
     if stages:
         plots.append(plot_heldout(stages, folder.plots / "heldout.png"))
     if len(envs) > 1:
@@ -258,8 +284,8 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
         json.dumps(
             {
                 "stages": [
-                    {**asdict(s), "failures": asdict(t)}
-                    for s, t in zip(stages, totals, strict=True)
+                    {**asdict(s), "failures": asdict(t), **e}
+                    for s, t, e in zip(stages, totals, extras, strict=True)
                 ]
             },
             indent=2,
@@ -269,6 +295,45 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
     report = folder.report_md
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+TOOL_CALL_DETAILS = ("hallucination_rate", "valid_call_rate")
+"""Held-out shares of multi-turn trajectories (docs/trainer.md "DPO")."""
+
+
+def _tool_call_lines(stages: list[StageResult]) -> list[str]:
+    """A table of the held-out tool-call rates of the stages that measured them."""
+    measured = [
+        s
+        for s in stages
+        if any(k in d for d in s.heldout_details.values() for k in TOOL_CALL_DETAILS)
+    ]
+    if not measured:
+        return []
+    lines = [
+        "",
+        'Held-out tool calls (before → after; docs/trainer.md, "DPO"):',
+        "",
+        "| stage | " + " | ".join(TOOL_CALL_DETAILS) + " |",
+        "| --- |" + " ---: |" * len(TOOL_CALL_DETAILS),
+    ]
+    for s in measured:
+        before, after = s.heldout_details.get("before", {}), s.heldout_details.get("after", {})
+        cells = [_env_cell(before.get(k), after.get(k)) for k in TOOL_CALL_DETAILS]
+        lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _kl_judge_line(extra: dict[str, float]) -> str:
+    parts = []
+    if "kl_last" in extra:
+        parts.append(f"KL {extra['kl_last']:.3g}")
+    if "genrm_comparisons" in extra:
+        parts.append(
+            f"{extra['genrm_comparisons']:.0f} judge comparisons, "
+            f"{extra['genrm_comparisons_per_s']:.2f} comparisons/s"
+        )
+    return "; ".join(parts)
 
 
 def _env_cell(before: float | None, after: float | None) -> str:

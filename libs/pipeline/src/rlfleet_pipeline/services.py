@@ -20,6 +20,12 @@ KNOWN_SERVICES = {
 }
 
 
+SERVICE_INSTANCES = {"judge": "rollout"}
+"""Fleet names that run another service's program: `judge` is a second rollout service
+serving a stage's judge model (the recipe's `judge.model`); its HTTP face is the reward
+gateway's `judge.base_url`."""
+
+
 class ServiceNotFound(LookupError):
     pass
 
@@ -35,6 +41,7 @@ def installed_services() -> dict[str, ServiceDefinition]:
 
 
 def get_service(name: str) -> ServiceDefinition:
+    name = SERVICE_INSTANCES.get(name, name)
     services = installed_services()
     if name in services:
         return services[name]
@@ -52,6 +59,7 @@ def service_command(name: str) -> list[str]:
     `python -m <package>`, which takes the flags of `rlfleet serve` (--port, --http-port,
     --host, -c, key=value overrides). The package comes from the entry point when the
     service is installed, else from its distribution name (for launch plans)."""
+    name = SERVICE_INSTANCES.get(name, name)
     for ep in entry_points(group="rlfleet.services", name=name):
         return [sys.executable, "-m", ep.module.partition(".")[0]]
     if name in KNOWN_SERVICES:

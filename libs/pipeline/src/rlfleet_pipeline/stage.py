@@ -32,11 +32,13 @@ from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profi
 from rlfleet_pipeline.launch.slurm_job import slurm_script
 from rlfleet_pipeline.services import service_command
 
-STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo")
+STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo", "dpo")
 SERVICES_FOR_STAGE = {
     "rlvr": ["sandbox", "reward", "rollout"],
     "grpo": ["sandbox", "reward", "rollout"],
     "rlhf": ["reward", "rollout"],
+    # DPO pairs come from the policy's own tool-use episodes (rlfleet_trainer.dpo_stage).
+    "dpo": ["reward", "rollout"],
 }
 SWE_ENV_SERVICES = {"swe_pivot": (), "swe_agent": ("swe-runner",)}
 """What a swe stage's environments need beyond reward + rollout: swe_pivot compares tool
@@ -64,6 +66,39 @@ def stage_services(recipe: RecipeConfig) -> list[str]:
     for env in stage_envs(recipe):
         needed.update(SWE_ENV_SERVICES.get(env, ("sandbox",)))
     return [s for s in SERVICE_ORDER if s in needed]
+
+
+def local_services(recipe: RecipeConfig) -> list[str]:
+    """What the local fleet starts: stage_services, plus `judge` (a second rollout service
+    serving `judge.model`) when the recipe serves its judge beside the stage. Only the
+    local fleet starts one; under SLURM or compose give `judge.base_url`."""
+    return [*stage_services(recipe), *(["judge"] if recipe.judge.served else [])]
+
+
+def judge_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
+    """The reward gateway's `judge.*` / `genrm.*` from the recipe's `judge` section, and the
+    judge rollout's engine, model and context when the stage serves it (the fleet adds
+    `judge.base_url` for that one: `fleet.wiring`)."""
+    j = recipe.judge
+    if not j.configured:
+        return {}
+    reward = [
+        f"judge.temperature={j.temperature:g}",
+        f"judge.top_p={j.top_p:g}",
+        f"judge.max_tokens={j.max_tokens}",
+        f"judge.request_timeout_s={j.request_timeout_s:g}",
+        *([f"judge.answer_prefix={json.dumps(j.answer_prefix)}"] if j.answer_prefix else []),
+        *(f"genrm.{key}={json.dumps(value)}" for key, value in j.genrm.items()),
+    ]
+    if not j.served:
+        reward.append(f"judge.base_url={j.base_url}")
+        reward += [f"judge.model={j.model}"] if j.model else []
+        reward += [f"judge.api_key_env={j.api_key_env}"] if j.api_key_env else []
+        return {"reward": reward}
+    judge = [f"engine={j.engine or engine}", f"model={j.model}"]
+    if j.max_model_len is not None:
+        judge.append(f"engine_config.max_model_len={j.max_model_len}")
+    return {"reward": reward, "judge": judge}
 
 
 ROLLOUT_ENGINES = ("vllm", "hf")
@@ -212,12 +247,15 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
             f"{shlex.join(stack.command('down', '--timeout', '10', '--remove-orphans'))}"
             "   # unless --keep-up\n"
         )
+    services = local_services(recipe)
+    judge = judge_overrides(recipe, engine).get("judge", [])
     lines = [
         f"# local: {', '.join(services)} as processes on free loopback ports (logs in {run_dir}/logs)"
     ]
     lines += [
         f"{shlex.join(service_command(s))} --port <free> --http-port <free>"
         + (f" engine={engine} model={shlex.quote(recipe.policy.model)}" if s == "rollout" else "")
+        + (f" {shlex.join(judge)}   # judge" if s == "judge" else "")
         for s in services
     ]
     lines.append(
@@ -233,7 +271,8 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
 def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
     """The rollout serves the policy's model (same weights and token ids as the trainer);
     a stage with `swe_agent` episodes gives the reward gateway episode limits that fit
-    them (swe_episode_overrides)."""
+    them (swe_episode_overrides); a recipe's `judge` section gives the gateway its judge
+    settings and the judge rollout its model (judge_overrides)."""
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
     overrides = [f"engine={engine}", f"model={recipe.policy.model}"]
@@ -243,6 +282,8 @@ def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]
     planned = {"rollout": overrides}
     if SWE_AGENT_ENV in recipe.multi_turn.envs:
         planned["reward"] = swe_episode_overrides(recipe)
+    for service, extra in judge_overrides(recipe, engine).items():
+        planned[service] = [*planned.get(service, []), *extra]
     return planned
 
 
@@ -274,7 +315,7 @@ def run_local(
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_file = StageFolder(run_dir).recipe_yaml
     recipe_file.write_text(dump_yaml(recipe))
-    with LocalFleet(stage_services(recipe), run_dir, overrides=service_overrides) as fleet:
+    with LocalFleet(local_services(recipe), run_dir, overrides=service_overrides) as fleet:
         extra = [
             f"services.rollout={fleet.target('rollout')}",
             f"services.reward={fleet.target('reward')}",
@@ -390,7 +431,9 @@ __all__ = [
     "StageError",
     "check_stage",
     "default_run_dir",
+    "judge_overrides",
     "launch_plan",
+    "local_services",
     "rollout_overrides",
     "run_compose",
     "run_local",

@@ -52,6 +52,11 @@ class ChatBody(_Body):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    """vLLM's chat extension: open an assistant turn after the messages."""
+    continue_final_message: bool = False
+    """vLLM's chat extension: the last message is a started assistant answer (a prefill)
+    that the model continues; needs `add_generation_prompt: false`."""
 
 
 class ResponsesBody(BaseModel):
@@ -106,7 +111,11 @@ class OpenAIFace:
             raise _ModelNotFound(name)
 
     def _chat_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[int]:
         if not messages:
             raise InvalidArgument("messages", "must not be empty")
@@ -114,8 +123,22 @@ class OpenAIFace:
             {"role": str(m.get("role", "user")), "content": _text(m.get("content"))}
             for m in messages
         ]
+        if continue_final_message:
+            if add_generation_prompt:
+                raise InvalidArgument(
+                    "continue_final_message", "needs add_generation_prompt: false"
+                )
+            if plain[-1]["role"] != "assistant":
+                raise InvalidArgument(
+                    "continue_final_message",
+                    f"the last message must be the assistant's, not {plain[-1]['role']!r}",
+                )
         ids = self.tokenizer.apply_chat_template(
-            plain, add_generation_prompt=True, tokenize=True, tools=tools or None
+            plain,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=True,
+            tools=tools or None,
         )
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
@@ -250,7 +273,9 @@ class OpenAIFace:
 
     async def chat(self, body: ChatBody) -> dict[str, Any]:
         self._check_model(body.model)
-        ids = self._chat_ids(body.messages, body.tools)
+        ids = self._chat_ids(
+            body.messages, body.tools, body.add_generation_prompt, body.continue_final_message
+        )
         samples = await self._run(ids, body, body.max_completion_tokens or body.max_tokens, body.n)
         choices = []
         for s in samples:

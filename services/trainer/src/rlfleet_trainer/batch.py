@@ -47,6 +47,8 @@ class Trajectory:
     None = all generated (a single-turn sample)."""
     turn_weight_versions: list[int] = field(default_factory=list)
     """Multi-turn: the weight version each model turn started under (oldest = weight_version)."""
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    """Multi-turn: the trajectory's tool calls by outcome (agent.calls.CALL_OUTCOMES)."""
 
     @property
     def num_generated(self) -> int:

@@ -34,6 +34,8 @@ from rlfleet_proto.v1 import (
 from rlfleet_weights.base import WeightPublish, WeightSender
 from rlfleet_weights.factory import make_sender
 
+from rlfleet_trainer.judge_stats import JudgeTally, judge_calls_of
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -160,6 +162,9 @@ class Sampling:
 class Score:
     reward: float
     masked: bool
+    info: dict[str, str] = dataclasses.field(default_factory=dict)
+    """What the verifier saw (ScoreResult.info); kept for multi-turn episodes, whose
+    `calls/<kind>` counts the trainer reads (agent.calls)."""
 
 
 class RolloutClient:
@@ -312,6 +317,8 @@ class RewardClient:
         self.retry = retry
         self.retries = 0
         """ScoreGroup tries repeated after a transient failure, since the client was made."""
+        self.judge = JudgeTally()
+        """Judged groups (genrm_compare) since the collector last took the step's metrics."""
         self._channel: aio.Channel | None = None
         self._stub: Any = None
 
@@ -402,6 +409,9 @@ class RewardClient:
                 transient=False,
                 failed_samples=len(group.scores),
             )
+        calls = judge_calls_of(result.info for result in reply.results)
+        if calls is not None:
+            self.judge.record(calls, started, time.monotonic())
         kinds: list[int] = []
         for index, result in enumerate(reply.results):
             if group.scores[index] is not None:

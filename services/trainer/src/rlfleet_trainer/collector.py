@@ -296,7 +296,8 @@ class Collector:
             await self._changed.wait()
 
     def end_step(self) -> dict[str, float]:
-        """Close the step's failure window: its `failures/*` metrics."""
+        """Close the step's window: its `failures/*` metrics, and the judge's `genrm/*`
+        (judge_stats) when groups were judged."""
         self.budget.end_step()
         retries = self.rollout.retries + self.reward.retries
         metrics = {
@@ -304,6 +305,7 @@ class Collector:
             "failures/samples": float(self.step_failures.samples),
             "failures/retries": float(retries - self.step_failures.retries_before),
             "failures/failing_steps": float(self.budget.failing_steps),
+            **self.reward.judge.take(),
         }
         self.step_failures = StepFailures(retries_before=retries)
         return metrics

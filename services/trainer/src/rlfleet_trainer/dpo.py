@@ -41,6 +41,10 @@ class TokenizedPair:
     prompt_ids: list[int]
     chosen_ids: list[int]
     rejected_ids: list[int]
+    chosen_mask: list[int] | None = None
+    rejected_mask: list[int] | None = None
+    """Per response token: 1 = the policy's, 0 = the environment's (a multi-turn
+    trajectory's tool results get no loss); None = all the policy's."""
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any], gen: bool) -> str:
@@ -75,7 +79,9 @@ def build_pair_batch(pairs: Sequence[TokenizedPair], pad_token_id: int = 0) -> T
     """Rows chosen_0, rejected_0, chosen_1, ...; mask 1 on response tokens."""
     rows = []
     for i, pair in enumerate(pairs):
-        for j, ids in enumerate((pair.chosen_ids, pair.rejected_ids)):
+        for j, (ids, mask) in enumerate(
+            ((pair.chosen_ids, pair.chosen_mask), (pair.rejected_ids, pair.rejected_mask))
+        ):
             rows.append(
                 Trajectory(
                     prompt_id=f"pair{i}",
@@ -84,6 +90,7 @@ def build_pair_batch(pairs: Sequence[TokenizedPair], pad_token_id: int = 0) -> T
                     token_ids=ids,
                     generation_logprobs=[0.0] * len(ids),
                     truncated=False,
+                    loss_mask=mask,
                 )
             )
     return build_train_batch(rows, torch.ones(len(rows)), pad_token_id)
@@ -151,6 +158,30 @@ class ScoredSample:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def pick_pairs(
+    samples: Sequence[ScoredSample], max_pairs: int | None = None
+) -> list[tuple[int, int]]:
+    """(chosen, rejected) indices into one prompt's scored samples: chosen = a `correct`
+    verdict (best reward first), rejected = a hallucinated one (`HALLUCINATION_VERDICTS`,
+    lowest reward first). Each rejected sample is used once, chosen ones round-robin;
+    samples with the same text are used once (the first). No correct or no hallucinated
+    sample: no pair (there is nothing to prefer)."""
+    first: dict[str, int] = {}
+    for index, sample in enumerate(samples):
+        first.setdefault(sample.text, index)
+    unique = sorted(first.values())
+    verdict = {i: samples[i].info.get("verdict") for i in unique}
+    chosen = sorted(
+        (i for i in unique if verdict[i] == CORRECT_VERDICT), key=lambda i: -samples[i].reward
+    )
+    rejected = sorted(
+        (i for i in unique if verdict[i] in HALLUCINATION_VERDICTS), key=lambda i: samples[i].reward
+    )
+    if not chosen:
+        return []
+    return [(chosen[k % len(chosen)], bad) for k, bad in enumerate(rejected[:max_pairs])]
+
+
 def tool_use_pairs(
     prompt: list[dict[str, Any]],
     tools: list[dict[str, Any]],
@@ -158,40 +189,21 @@ def tool_use_pairs(
     max_pairs: int | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> list[PreferencePair]:
-    """Pairs from one prompt's scored tool-use samples: chosen = a `correct` call (best
-    reward first), rejected = a hallucinated one (`HALLUCINATION_VERDICTS`, lowest reward
-    first). Each rejected sample is used once, chosen ones round-robin; samples with the
-    same text are used once. A prompt with no correct or no hallucinated sample gives no
-    pair (there is nothing to prefer)."""
-    unique: dict[str, ScoredSample] = {}
-    for sample in samples:
-        scored = sample if isinstance(sample, ScoredSample) else ScoredSample(*sample)
-        unique.setdefault(scored.text, scored)
-    chosen = sorted(
-        (s for s in unique.values() if s.info.get("verdict") == CORRECT_VERDICT),
-        key=lambda s: -s.reward,
-    )
-    rejected = sorted(
-        (s for s in unique.values() if s.info.get("verdict") in HALLUCINATION_VERDICTS),
-        key=lambda s: s.reward,
-    )
-    if not chosen or not rejected:
-        return []
-    pairs = []
-    for k, bad in enumerate(rejected[:max_pairs]):
-        good = chosen[k % len(chosen)]
-        pairs.append(
-            PreferencePair(
-                prompt=prompt,
-                tools=tools,
-                chosen=[{"role": "assistant", "content": good.text}],
-                rejected=[{"role": "assistant", "content": bad.text}],
-                metadata={
-                    **(metadata or {}),
-                    "chosen_reward": good.reward,
-                    "rejected_reward": bad.reward,
-                    "rejected_verdict": bad.info.get("verdict"),
-                },
-            )
+    """Pairs (as preference rows) from one prompt's scored tool-use samples, chosen as
+    `pick_pairs` does."""
+    scored = [s if isinstance(s, ScoredSample) else ScoredSample(*s) for s in samples]
+    return [
+        PreferencePair(
+            prompt=prompt,
+            tools=tools,
+            chosen=[{"role": "assistant", "content": scored[good].text}],
+            rejected=[{"role": "assistant", "content": scored[bad].text}],
+            metadata={
+                **(metadata or {}),
+                "chosen_reward": scored[good].reward,
+                "rejected_reward": scored[bad].reward,
+                "rejected_verdict": scored[bad].info.get("verdict"),
+            },
         )
-    return pairs
+        for good, bad in pick_pairs(scored, max_pairs)
+    ]

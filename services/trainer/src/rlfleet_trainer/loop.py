@@ -205,12 +205,14 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
 
 
 def carry_failures(unlogged: dict[str, float], step: dict[str, float]) -> dict[str, float]:
-    """A step's `failures/*` plus those of the empty steps before it (which log no row):
-    counts add up; the failing-steps streak is the latest value."""
+    """A step's `failures/*` (and `genrm/*`) plus those of the empty steps before it
+    (which log no row): counts add up; the failing-steps streak is the latest value."""
     merged = dict(step)
     for key, value in unlogged.items():
         if key != "failures/failing_steps":
             merged[key] = merged.get(key, 0.0) + value
+    if merged.get("genrm/busy_s"):  # a rate does not add up: recomputed from the sums
+        merged["genrm/comparisons_per_s"] = merged["genrm/comparisons"] / merged["genrm/busy_s"]
     return merged
 
 

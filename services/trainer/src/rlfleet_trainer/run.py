@@ -1,5 +1,6 @@
 """Setup of a GRPO stage from a recipe: model, backend, data, clients → `RunContext`,
-then `run_grpo`. `run_stage` is what `rlfleet-trainer run` and the service call."""
+then `run_grpo` (or `dpo_stage.run_dpo` for a `dpo` stage). `run_stage` is what
+`rlfleet-trainer run` and the service call."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from rlfleet_contracts.preference import is_dpo_stage
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.run_folder import StageFolder
 
@@ -116,11 +118,24 @@ async def run_stage(
     """Train the stage, export the final weights as a HF folder, return the final state.
     Under torchrun every rank calls this: rank 0 drives the stage, the others follow."""
     bind_threads_to_device(asyncio.get_running_loop())
+    dpo = is_dpo_stage(recipe.stage)
+    if dpo:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            raise ValueError("a dpo stage trains in one process (no torchrun)")
+        # The backends' optimizer reads grpo.lr; a DPO stage trains at dpo.lr.
+        recipe = recipe.model_copy(
+            update={"grpo": recipe.grpo.model_copy(update={"lr": recipe.dpo.lr})}
+        )
     if dist.is_initialized() and dist.get_rank() != 0:
         return await asyncio.to_thread(run_follower, recipe)
     ctx = build_context(recipe, run_dir, rows, val_rows)
     try:
-        state = await run_grpo(ctx, resume=resume)
+        if dpo:
+            from rlfleet_trainer.dpo_stage import run_dpo
+
+            state = await run_dpo(ctx, resume=resume)
+        else:
+            state = await run_grpo(ctx, resume=resume)
         if recipe.checkpoint.export_hf:
             ctx.backend.export_hf(ctx.folder.hf)
         ctx.folder.summary.write_text(

@@ -8,7 +8,8 @@ The world: a key-value store. Tools `set_value(key, value)`, `add(key, amount)` 
 `get_value(key)`, and `submit()` (ends the episode). The row's `goal` (a JSON object) is the
 end state to reach: CloseEpisode gives reward 1.0 when the store equals it, else 0.0. A row
 may hold `initial` (the store's start). Bad arguments and unknown tools are error results,
-as the real gateway's are. It is not the real reward service (services/reward).
+as the real gateway's are, and CloseEpisode's info counts the calls by kind
+(`calls/<kind>`, the gateway's names). It is not the real reward service (services/reward).
 """
 
 from __future__ import annotations
@@ -70,35 +71,37 @@ class KvEpisode:
     store: dict[str, Any] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     """(name, arguments_json) of every call Step ran."""
+    kinds: dict[str, int] = field(default_factory=dict)
+    """Calls by kind: ok, unknown_tool, invalid_arguments, tool_error."""
 
 
-def run_tool(store: dict[str, Any], name: str, arguments_json: str) -> tuple[str, bool]:
-    """(content, error) of one call on `store`."""
+def run_tool(store: dict[str, Any], name: str, arguments_json: str) -> tuple[str, str]:
+    """(content, kind) of one call on `store`; every kind but `ok` is an error result."""
     try:
         args = json.loads(arguments_json or "{}")
     except json.JSONDecodeError:
-        return "arguments are not JSON", True
+        return "arguments are not JSON", "invalid_arguments"
     if not isinstance(args, dict):
-        return "arguments must be an object", True
+        return "arguments must be an object", "invalid_arguments"
     key = args.get("key")
     if name == "submit":
-        return "submitted", False
+        return "submitted", "ok"
+    if name not in {"set_value", "add", "get_value"}:
+        return f"unknown tool {name!r}", "unknown_tool"
     if not isinstance(key, str):
-        return f"{name}: key must be a string", True
+        return f"{name}: key must be a string", "invalid_arguments"
     if name == "set_value" and "value" in args:
         store[key] = args["value"]
-        return "ok", False
+        return "ok", "ok"
     if name == "add" and isinstance(args.get("amount"), int | float):
         current = store.get(key, 0)
         if not isinstance(current, int | float):
-            return f"add: {key} is not a number", True
+            return f"add: {key} is not a number", "tool_error"
         store[key] = current + args["amount"]
-        return json.dumps(store[key]), False
+        return json.dumps(store[key]), "ok"
     if name == "get_value":
-        return json.dumps(store.get(key)), False
-    if name in {"set_value", "add"}:
-        return f"{name}: bad arguments", True
-    return f"unknown tool {name!r}", True
+        return json.dumps(store.get(key)), "ok"
+    return f"{name}: bad arguments", "invalid_arguments"
 
 
 class DoubleEpisodes(DoubleReward):
@@ -146,7 +149,9 @@ class DoubleEpisodes(DoubleReward):
         results, done = [], False
         for call in request.calls:
             episode.calls.append((call.name, call.arguments_json))
-            content, error = run_tool(episode.store, call.name, call.arguments_json)
+            content, kind = run_tool(episode.store, call.name, call.arguments_json)
+            episode.kinds[kind] = episode.kinds.get(kind, 0) + 1
+            error = kind != "ok"
             done = done or (call.name == "submit" and not error)
             results.append(
                 reward_pb2.ToolResult(
@@ -169,6 +174,7 @@ class DoubleEpisodes(DoubleReward):
             request_id=request.episode_id,
             env=episode.env,
             reward=float(episode.store == episode.goal),
+            info={f"calls/{kind}": str(n) for kind, n in episode.kinds.items()},
         )
 
 

@@ -8,7 +8,9 @@ is left out of its prompt's mean (no group baseline here). More failed prompts t
 reward outage never passes for a measured reward.
 
 Prompts of multi-turn environments (`multi_turn.envs`) run through the agent loop, as in
-training; their held-out text is the whole exchange after the prompt.
+training; their held-out text is the whole exchange after the prompt, and their details
+add `hallucination_rate` and `valid_call_rate` (agent.calls: share of the trajectories
+with a hallucinated call; with at least one call and none hallucinated).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_proto.v1 import rollout_pb2
 
+from rlfleet_trainer.agent.calls import hallucination_rate, trajectory_verdict
 from rlfleet_trainer.agent.rollout import AgentRollout, build_agent
 from rlfleet_trainer.algorithms import REWARD_TIE
 from rlfleet_trainer.clients import CallFailed, GroupScores, Sampling, Score
@@ -47,7 +50,8 @@ class Validation:
     """Samples without a reward, those of failed prompts included."""
     details: dict[str, float] = field(default_factory=dict)
     """`accuracy` and per environment `<env>/accuracy`, `<env>/gen_tokens_per_sample/mean`,
-    `<env>/num_prompts` (NeMo-RL's names; accuracy = share of samples at full reward)."""
+    `<env>/num_prompts` (NeMo-RL's names; accuracy = share of samples at full reward);
+    multi-turn prompts add `hallucination_rate`, `valid_call_rate` (overall and per env)."""
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -71,6 +75,8 @@ class _PromptResult:
     """Share of the scored samples at full reward."""
     gen_tokens: float = 0.0
     """Mean generated tokens of the prompt's samples."""
+    tool_calls: list[dict[str, int]] | None = None
+    """Multi-turn: each scored trajectory's calls by outcome (agent.calls)."""
 
 
 async def validate(ctx: RunContext, label: str | None = None) -> Validation:
@@ -91,9 +97,10 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
     async def one(index: int) -> _PromptResult:
         prompt = val_source.prompt_at(index)
         n = g.val_samples_per_prompt
+        calls: list[dict[str, int]] | None = None
         try:
             if agent is not None and agent.handles(prompt.env):
-                results, texts, group = await _multi_turn(
+                results, texts, group, calls = await _multi_turn(
                     agent, replace(prompt, prompt_id=f"{tag}-{index}"), n, sampling
                 )
             else:
@@ -114,7 +121,7 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
         except CallFailed as exc:
             logger.warning("held-out prompt %d failed: %s", index, exc)
             return _PromptResult(prompt.env, None, n)
-        samples.extend(_sample_lines(index, prompt.env, texts, group, results))
+        samples.extend(_sample_lines(index, prompt.env, texts, group, results, calls))
         scored = [s.reward for s in group.scores if s is not None]
         if group.failed_samples:
             logger.warning(
@@ -127,7 +134,7 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
         mean = sum(scored) / len(scored) if scored else None
         accuracy = sum(r >= FULL_REWARD - REWARD_TIE for r in scored) / max(len(scored), 1)
         tokens = sum(len(r.token_ids) for r in results) / max(len(results), 1)
-        return _PromptResult(prompt.env, mean, group.failed_samples, accuracy, tokens)
+        return _PromptResult(prompt.env, mean, group.failed_samples, accuracy, tokens, calls)
 
     results = await asyncio.gather(*(one(i) for i in range(count)))
     if label is not None:
@@ -139,9 +146,10 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
 
 async def _multi_turn(
     agent: AgentRollout, prompt: Prompt, n: int, sampling: Sampling
-) -> tuple[list[rollout_pb2.GenerateResult], list[str], GroupScores]:
+) -> tuple[list[rollout_pb2.GenerateResult], list[str], GroupScores, list[dict[str, int]]]:
     """A multi-turn prompt's held-out samples in the single-turn shapes: per trajectory its
-    model tokens (and newest turn's version), the whole exchange as text, its score."""
+    model tokens (and newest turn's version), the whole exchange as text, its score; and
+    its calls by outcome."""
     trajectories = await agent.group(prompt, n, sampling.capped(prompt.max_tokens))
     results = [
         rollout_pb2.GenerateResult(
@@ -152,13 +160,18 @@ async def _multi_turn(
     ]
     texts = [agent.decode(tr.token_ids) for tr in trajectories]
     scores: list[Score | None] = [Score(tr.reward, tr.reward_masked) for tr in trajectories]
-    return results, texts, GroupScores(scores)
+    return results, texts, GroupScores(scores), [tr.tool_calls for tr in trajectories]
 
 
 def _sample_lines(
-    index: int, env: str, texts: list[str], group: GroupScores, results: list[Any]
+    index: int,
+    env: str,
+    texts: list[str],
+    group: GroupScores,
+    results: list[Any],
+    calls: list[dict[str, int]] | None,
 ) -> list[dict[str, Any]]:
-    return [
+    lines = [
         {
             "prompt": index,
             "env": env,
@@ -169,6 +182,9 @@ def _sample_lines(
         }
         for text, score, result in zip(texts, group.scores, results, strict=True)
     ]
+    for line, counts in zip(lines, calls or [], strict=False):
+        line.update(verdict=trajectory_verdict(counts), tool_calls=counts)
+    return lines
 
 
 def _summarise(results: list[_PromptResult], fraction: float, tag: str) -> Validation:
@@ -200,7 +216,22 @@ def _details(results: list[_PromptResult]) -> dict[str, float]:
         details[f"{env}/accuracy"] = sum(r.accuracy for r in mine) / len(mine)
         details[f"{env}/gen_tokens_per_sample/mean"] = sum(r.gen_tokens for r in mine) / len(mine)
         details[f"{env}/num_prompts"] = float(len(mine))
+        details.update(_call_rates(mine, f"{env}/"))
+    details.update(_call_rates(scored, ""))
     return details
+
+
+def _call_rates(results: list[_PromptResult], prefix: str) -> dict[str, float]:
+    """`hallucination_rate` and `valid_call_rate` over the multi-turn trajectories of
+    `results` (agent.calls); {} when none is multi-turn."""
+    calls = [c for r in results for c in (r.tool_calls or [])]
+    if not calls:
+        return {}
+    valid = sum(trajectory_verdict(c) == "correct" for c in calls) / len(calls)
+    return {
+        f"{prefix}hallucination_rate": hallucination_rate(calls),
+        f"{prefix}valid_call_rate": valid,
+    }
 
 
 def read_heldout(folder: StageFolder) -> dict[str, Any]:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def rl(
-    stage: Annotated[str, typer.Argument(help="Stage kind: rlvr, swe, rlhf or grpo.")],
+    stage: Annotated[str, typer.Argument(help="Stage kind: rlvr, swe, rlhf, grpo or dpo.")],
     config: Annotated[
         str,
         typer.Option(
@@ -27,7 +27,7 @@ def rl(
             "-c",
             help="Recipe: a YAML file or a bundled "
             "name (super3/rlvr1, super3/swe1, super3/swe2, super3/rlhf, "
-            "nano3/grpo, test).",
+            "nano3/grpo, tiny/dpo, test).",
         ),
     ],
     run: Annotated[

@@ -121,6 +121,17 @@ def up(
         KNOWN_SERVICES
     ),
     run_dir: Annotated[Path, typer.Option(help="Where service logs go.")] = Path("runs/up"),
+    judge_model: Annotated[
+        str | None,
+        typer.Option(
+            help="Also serve this model as an LLM judge (a second rollout service, `judge`: "
+            "a bundled name, a folder or an HF id) and give the reward gateway its "
+            "address (judge.base_url) for genrm_compare and the judge environments."
+        ),
+    ] = None,
+    judge_engine: Annotated[
+        str, typer.Option(help="Engine of the judge's rollout service: hf or vllm.")
+    ] = "hf",
 ) -> None:
     """Start services locally on free loopback ports, print their addresses and the path
     of their auth token, and keep them running until Ctrl-C (then stop them gracefully).
@@ -129,7 +140,9 @@ def up(
     race); all start at once. The start-up report (seconds to bind and to SERVING per
     service) is printed and written to <run-dir>/startup.json. With RLFLEET_CACHE_DIR
     set, every service shares the model and compiled-kernel caches under it
-    (docs/architecture.md, "The local fleet")."""
+    (docs/architecture.md, "The local fleet"). With --judge-model a second rollout
+    service serves that model as the judge, and the reward gateway is wired to its
+    OpenAI face with the fleet's token."""
     import threading
 
     from rlfleet_pipeline.fleet import FleetError, LocalFleet
@@ -137,11 +150,19 @@ def up(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # explicit: SIGINT may arrive ignored
         signal.signal(sig, lambda *_: stop.set())
+    names = [s.strip() for s in services.split(",") if s.strip()]
+    overrides: dict[str, list[str]] = {}
+    if judge_model is not None:
+        if judge_engine not in ("hf", "vllm"):
+            raise fail(f"--judge-engine: {judge_engine!r} is not an engine; use hf or vllm")
+        names.append("judge")
+        overrides["judge"] = [f"model={judge_model}", f"engine={judge_engine}"]
     try:
         with err.status("starting services..."):
             fleet = LocalFleet(
-                [s.strip() for s in services.split(",") if s.strip()],
+                names,
                 run_dir,
+                overrides=overrides,
                 say=lambda line: err.print(line, markup=False, highlight=False),
             )
             fleet.start()

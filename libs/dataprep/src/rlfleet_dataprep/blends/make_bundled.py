@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rlfleet_contracts.rows import LENIENT_EXTRACTION, MATH_EXTRACTION_FIELD
+from rlfleet_dataprep.blends.rlhf import rlhf_rows
 from rlfleet_dataprep.blends.super_sample import super_sample
 from rlfleet_dataprep.blends.tool_use import tool_use_rows
 
@@ -204,6 +205,9 @@ BLENDS: dict[str, list[dict[str, object]]] = {
     # Multi-turn tool use over the reward gateway's bank (`tiny/tooluse`), tasks of graded
     # difficulty: `rlfleet data prep rl tiny-tooluse --val-rows 28` holds the last 28 out.
     "tiny-tooluse": tool_use_rows(140, seed=7),
+    # RLHF (`tiny/rlhf`): open questions with principles, scored by the GenRM judge
+    # (`genrm_compare`): `rlfleet data prep rl tiny-rlhf --val-rows 16`.
+    "tiny-rlhf": rlhf_rows(128, seed=17),
     # A few rows of each judge-free Super RLVR environment the tiny blends lack.
     "super-sample": super_sample(),
 }

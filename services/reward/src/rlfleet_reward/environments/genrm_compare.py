@@ -12,7 +12,9 @@ the arithmetic is in judge/genrm.py.
 A comparison whose judge call fails (no answer in time, HTTP error, an answer that is not
 a verdict) fails both responses in it: they get JUDGE_ERROR with the reasons, never a
 default score. The rest of the group is scored from their own (all successful)
-comparisons, and the group-relative adjustments are taken over them.
+comparisons, and the group-relative adjustments are taken over them. With
+`genrm.score_partial` a response is instead scored from the comparisons of it that
+succeeded (failing only when none did); `info.comparisons_failed` counts the others.
 
 Row fields:
 - `responses_create_params.input` (required): the conversation the responses answer.
@@ -192,6 +194,14 @@ class GenRMCompareEnvironment(GroupEnvironment):
             principle = None
         pairs = comparison_pairs(spec.strategy or cfg.comparison_strategy, n)
         orders = [o for i, j in pairs for o in ([(i, j), (j, i)] if cfg.swap_order else [(i, j)])]
+        # Comparisons the judge is asked (a retried group finds the verdicts that parsed
+        # in the cache): every result's `info.judge_calls`, the trainer's GenRM throughput.
+        asked = sum(
+            not judge.cached(
+                judge_messages(spec, principle, samples[i].text, samples[j].text, cfg.prompt_format)
+            )
+            for i, j in orders
+        )
         deadline = time.monotonic() + ctx.timeout_s
         outcomes = await asyncio.gather(
             *(
@@ -206,7 +216,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
                 problems[i].append(f"{i} vs {j}: {outcome}")
                 problems[j].append(f"{i} vs {j}: {outcome}")
         base, ties = aggregate(done, n)
-        ok = [i for i in range(n) if not problems[i] and base[i] is not None]
+        ok = [i for i in range(n) if base[i] is not None and (cfg.score_partial or not problems[i])]
         adjust = _adjustments(cfg)
         ok_base = [float(base[i] or 0.0) for i in ok]
         length = length_adjustments(
@@ -216,7 +226,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
         results: list[Score] = []
         for i in range(n):
             taken = sum(1 for c in done if i in (c.first, c.second))
-            if problems[i]:
+            if i not in ok:
                 total = taken + len(problems[i])
                 shown = "; ".join(problems[i][:3])
                 results.append(
@@ -225,6 +235,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
                         f"{len(problems[i])} of {total} judge comparisons failed: {shown}",
                         verdict="judge_error",
                         comparisons_failed=len(problems[i]),
+                        judge_calls=asked,
                     )
                 )
                 continue
@@ -254,6 +265,8 @@ class GenRMCompareEnvironment(GroupEnvironment):
                     comparisons=taken,
                     group_tiebreaks=ties,
                     verdicts=json.dumps(verdicts, separators=(",", ":")),
+                    judge_calls=asked,
+                    comparisons_failed=len(problems[i]),
                 )
             )
         return results

@@ -5,7 +5,9 @@ that opened it (rlfleet_core.auth.owner_of, as sandbox sessions do); another own
 episode answers NOT_FOUND, like one that never existed. A call the policy got wrong
 (unknown tool, arguments that are not JSON, that do not match the tool's schema, that
 are too long) or a tool that failed comes back as a result with error=true: the policy
-reads it on its next turn, and the episode goes on.
+reads it on its next turn, and the episode goes on. The episode counts its calls by kind
+(`CALL_KINDS`) and its score's info carries the counts as `calls/<kind>` (the trainer's
+hallucination rate reads them).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ from rlfleet_reward.sandbox_client import SandboxBusy, SandboxUnavailable
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
 
 logger = logging.getLogger(__name__)
+
+CALL_KINDS = ("ok", "unknown_tool", "invalid_arguments", "tool_error", "after_end")
+"""How a call ended: ran; named a tool the episode does not show; arguments that are not
+a JSON object, too long, or outside the tool's schema (refused before the tool runs); the
+tool refused it (ToolError: no such account, insufficient funds, ...), timed out or
+failed; made after the environment ended the episode."""
 
 _FORGET_CLOSED = 4096
 """Closed episodes remembered, so that their owner learns why an id is gone."""
@@ -67,6 +75,8 @@ class _Episode:
     """The callable tools: the shown ones, checked against the environment's own schemas."""
     last_used: float = field(default_factory=time.monotonic)
     done: bool = False
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CALL_KINDS, 0))
+    """Calls so far by kind (CALL_KINDS)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -223,7 +233,9 @@ class EpisodeManager:
             try:
                 if sample is None:
                     return None
-                return await self._score(episode, sample, deadline_s)
+                score = await self._score(episode, sample, deadline_s)
+                score.info.update({f"calls/{k}": str(n) for k, n in episode.calls.items()})
+                return score
             finally:
                 await self._release(episode, "abandoned" if sample is None else "scored")
 
@@ -248,54 +260,62 @@ class EpisodeManager:
         return NotFound(f"no episode {clip(episode_id)!r} of this caller (unknown or closed)")
 
     async def _one(self, episode: _Episode, call: Call) -> CallResult:
-        content, error = await self._run_call(episode, call)
+        content, kind = await self._run_call(episode, call)
+        episode.calls[kind] += 1
+        error = kind != "ok"
         metrics.TOOL_CALLS.labels(episode.env.name, "error" if error else "ok").inc()
         return CallResult(
             call.call_id, call.name, cap(content, self.config.max_output_chars), error
         )
 
-    async def _run_call(self, episode: _Episode, call: Call) -> tuple[str, bool]:
+    async def _run_call(self, episode: _Episode, call: Call) -> tuple[str, str]:
         if episode.done:
-            return "the episode has ended; no more tool calls are accepted", True
+            return "the episode has ended; no more tool calls are accepted", "after_end"
         validator = episode.validators.get(call.name)
         if validator is None:
             names = ", ".join(t.name for t in episode.tools)
-            return f"unknown tool {clip(call.name)!r}; the tools are: {names}", True
+            return f"unknown tool {clip(call.name)!r}; the tools are: {names}", "unknown_tool"
         limit = self.config.max_arguments_chars
         if len(call.arguments_json) > limit:
             return (
                 f"arguments of {len(call.arguments_json)} characters are too long "
                 f"(at most {limit}); call {call.name} again with shorter arguments",
-                True,
+                "invalid_arguments",
             )
         try:
             text = call.arguments_json if call.arguments_json.strip() else "{}"
             arguments = loads(text, "arguments", self.gateway.config.limits)
         except InvalidArgument as exc:
-            return f"arguments are not valid JSON: {clip(exc.message, 300)}", True
+            return f"arguments are not valid JSON: {clip(exc.message, 300)}", "invalid_arguments"
         if not isinstance(arguments, dict):
-            return f"arguments must be a JSON object, got {type(arguments).__name__}", True
+            return (
+                f"arguments must be a JSON object, got {type(arguments).__name__}",
+                "invalid_arguments",
+            )
         problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
         if problems:
             said = "; ".join(
                 f"{'.'.join(map(str, p.path)) or 'arguments'}: {clip(p.message, 200)}"
                 for p in problems[:3]
             )
-            return f"invalid arguments for {call.name}: {said}", True
+            return f"invalid arguments for {call.name}: {said}", "invalid_arguments"
         try:
             async with asyncio.timeout(self.config.tool_timeout_s):
                 outcome = await episode.env.call(episode.state, call.name, arguments, self.ctx)
         except ToolError as exc:
-            return str(exc), True
+            return str(exc), "tool_error"
         except TimeoutError:
-            return f"{call.name} did not finish within {self.config.tool_timeout_s:g}s", True
+            return (
+                f"{call.name} did not finish within {self.config.tool_timeout_s:g}s",
+                "tool_error",
+            )
         except SandboxUnavailable as exc:
-            return f"the sandbox could not run {call.name}: {clip(str(exc), 300)}", True
+            return f"the sandbox could not run {call.name}: {clip(str(exc), 300)}", "tool_error"
         except Exception:
             logger.exception("tool %s of %s failed", call.name, episode.env.name)
-            return f"{call.name} failed inside the environment", True
+            return f"{call.name} failed inside the environment", "tool_error"
         episode.done = episode.done or outcome.done
-        return outcome.content, False
+        return outcome.content, "ok"
 
     async def _score(self, episode: _Episode, sample: Sample, deadline_s: float | None) -> Score:
         budget = self.config.close_timeout_s

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 from prometheus_client import Counter
+from rlfleet_core.auth import auth_headers
 from rlfleet_core.metrics import REGISTRY
 
 from rlfleet_reward.judge.config import JudgeConfig
@@ -66,6 +67,8 @@ class JudgeClient:
                     f"judge.api_key_env names {config.api_key_env}, which is not set or empty"
                 )
             self._headers["Authorization"] = f"Bearer {key}"
+        if config.fleet_token:  # our own rollout in the fleet: it checks the fleet's token
+            self._headers.update(auth_headers())
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self._cache: OrderedDict[str, str] = OrderedDict()
         self._session: aiohttp.ClientSession | None = None
@@ -74,6 +77,8 @@ class JudgeClient:
 
     def _body(self, messages: Messages) -> dict[str, Any]:
         c = self.config
+        if c.answer_prefix:  # a prefill the judge continues (vLLM's chat extension)
+            messages = [*messages, {"role": "assistant", "content": c.answer_prefix}]
         body: dict[str, Any] = {
             "model": c.model,
             "messages": messages,
@@ -84,6 +89,9 @@ class JudgeClient:
         }
         if c.seed is not None:
             body["seed"] = c.seed
+        if c.answer_prefix:
+            body["add_generation_prompt"] = False
+            body["continue_final_message"] = True
         return body
 
     @staticmethod
@@ -91,9 +99,13 @@ class JudgeClient:
         """Model + messages + every sampling parameter: a change in any is a new call."""
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
+    def cached(self, messages: Messages) -> bool:
+        """Whether `chat(messages)` would be answered from the cache, without a judge call."""
+        return self.cache_key(self._body(messages)) in self._cache
+
     async def chat(self, messages: Messages, timeout_s: float, parse: Callable[[str], T]) -> T:
-        """`parse` of the judge's answer text (choices[0].message.content) within
-        `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:
+        """`parse` of the judge's answer text (`judge.answer_prefix` + choices[0].message.content)
+        within `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:
         a retried group asks again what failed instead of replaying the failure."""
         deadline = time.monotonic() + timeout_s
         body = self._body(messages)
@@ -105,7 +117,7 @@ class JudgeClient:
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._slots:
-                    text = await self._with_retries(body, deadline)
+                    text = self.config.answer_prefix + await self._with_retries(body, deadline)
         except TimeoutError:
             JUDGE_CALLS.labels("timeout").inc()
             raise JudgeError(f"the judge did not answer within {timeout_s:.1f}s") from None

@@ -46,6 +46,11 @@ class JudgeConfig(ConfigModel):
     api_key_env: str | None = None
     """Name of the environment variable holding the API key (sent as a Bearer token);
     None = no Authorization header."""
+    fleet_token: bool = False
+    """Send the fleet's shared token (RLFLEET_AUTH_TOKEN_FILE / RLFLEET_AUTH_TOKEN, as the
+    gateway's own services use) as the Bearer token: for a judge that is a rollout service
+    of the same fleet, which requires it (`rlfleet rl` sets this for the judge it starts).
+    Never for an outside endpoint, which would learn the token; not with `api_key_env`."""
     request_timeout_s: float = Field(60.0, gt=0, le=3600)
     """Deadline of one HTTP attempt; the environment's budget lowers it."""
     connect_timeout_s: float = Field(5.0, gt=0, le=120)
@@ -67,11 +72,19 @@ class JudgeConfig(ConfigModel):
     """Nucleus sampling (NeMo-Gym's super3 RLHF GenRM setting)."""
     seed: int | None = None
     """Sent as `seed` when set (reproducible sampling, where the endpoint honours it)."""
+    answer_prefix: str = Field("", max_length=256)
+    """The start of the judge's answer, written for it: sent as a last assistant message
+    with `continue_final_message: true` and `add_generation_prompt: false` (vLLM's chat
+    extension, which our rollout's OpenAI face honours; other endpoints may not), and put
+    before the answer that is parsed. For small judges that do not begin a verdict on their
+    own, e.g. `{"score_1": ` for genrm_compare. "" = none."""
     max_answer_chars: int = Field(1 << 20, ge=1024)
     """Largest judge reply body read; a bigger one is a failure, not a memory spike."""
 
     @model_validator(mode="after")
     def _key_is_set(self) -> JudgeConfig:
+        if self.fleet_token and self.api_key_env:
+            raise ValueError("fleet_token and api_key_env are exclusive: one Bearer token")
         # Checked at start-up, not at the first judge call hours into a run.
         if self.base_url and self.api_key_env and not os.environ.get(self.api_key_env):
             raise ValueError(
@@ -90,6 +103,11 @@ class GenRMConfig(ConfigModel):
     `comparison_strategy` overrides it."""
     swap_order: bool = True
     """Judge each pair in both orders (2 calls a pair) so position bias cancels."""
+    score_partial: bool = False
+    """False: a response with any failed comparison fails (JUDGE_ERROR, with the reasons).
+    True: it is scored from those of its comparisons that succeeded, when at least one did
+    (`info.comparisons_failed` counts the rest); for weak judges whose verdicts often fail
+    to parse. Position bias then cancels only where both orders of a pair succeeded."""
     prompt_format: Literal["text", "roles"] = "text"
     """`text`: one instruction + user message any chat model reads; `roles`: the Nemotron
     GenRM chat template's `principle` / `response_1` / `response_2` messages."""

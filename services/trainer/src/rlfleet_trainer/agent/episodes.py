@@ -97,7 +97,7 @@ class EpisodeClient:
                 transient=False,
                 failed_samples=1,
             )
-        return Score(reward=result.reward, masked=result.mask_sample)
+        return Score(reward=result.reward, masked=result.mask_sample, info=dict(result.info))
 
     async def abandon(self, episode_id: str) -> None:
         """Free the episode unscored; a failure is only logged (the gateway's idle timeout

@@ -34,6 +34,7 @@ from rlfleet_contracts.reasoning import row_template_kwargs
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_proto.v1 import reward_pb2, rollout_pb2
 
+from rlfleet_trainer.agent.calls import call_counts
 from rlfleet_trainer.agent.episodes import EpisodeClient
 from rlfleet_trainer.agent.render import ChatRenderer, openai_tools
 from rlfleet_trainer.agent.tool_format import (
@@ -84,6 +85,8 @@ class _Growing:
     truncated: bool = False
     last_text: str = ""
     model_tokens: int = 0
+    malformed_calls: int = 0
+    """Calls the trainer could not read (agent.calls): never sent to the gateway."""
 
     @property
     def length(self) -> int:
@@ -182,6 +185,7 @@ class AgentRollout:
             weight_version=min(growing.versions, default=0),
             loss_mask=growing.mask,
             turn_weight_versions=growing.versions,
+            tool_calls=call_counts(score.info, growing.malformed_calls),
         )
 
     async def _open(self, prompt: Prompt, sample_index: int) -> reward_pb2.Episode:
@@ -247,10 +251,11 @@ class AgentRollout:
             )
             growing.add_model(result)
             growing.last_text = self.decode(list(result.token_ids))
+            calls = self.format.parse(split_reasoning(growing.last_text)[0])
+            growing.malformed_calls += sum(1 for call in calls if call.error)
             if result.finish_reason != rollout_pb2.FINISH_REASON_STOP:
                 growing.truncated = True  # cut by a token limit: no complete call to run
                 return
-            calls = self.format.parse(split_reasoning(growing.last_text)[0])
             if not calls:
                 return  # the final answer
             if turn == self.limits.max_turns - 1:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from rlfleet_contracts.preference import is_dpo_stage
 from rlfleet_contracts.recipe import RecipeConfig
 
 from rlfleet_trainer.algorithms.dpo import TrainLoss
@@ -57,7 +58,9 @@ class BackendConfig:
             "train_micro_batch_size": p.train_micro_batch_size,
             "logprob_micro_batch_size": p.logprob_micro_batch_size,
             "temperature": logprob_temperature(recipe),
-            "keep_reference": recipe.grpo.kl_coef > 0,
+            # A DPO stage's `copy` reference is the frozen copy KL uses.
+            "keep_reference": recipe.grpo.kl_coef > 0
+            or (is_dpo_stage(recipe.stage) and recipe.dpo.reference == "copy"),
         }
 
 

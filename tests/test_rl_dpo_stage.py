@@ -1,0 +1,89 @@
+"""`rlfleet rl dpo -c tiny/dpo` end to end on CPU, as a user runs it, made short: the
+tiny-tooluse blend prepared, the stage's services (reward gateway, rollout with the hf
+engine) started by the pipeline, K trajectories of a few training prompts sampled from
+SmolLM2-135M-Instruct through them, pairs (valid calls over hallucinated ones), DPO steps,
+the held-out hallucination rate before and after in the stage's report, and an hf/ export
+whose weights differ from the starting model's.
+
+Sampling is seeded (`generation.seed`; the hf engine draws the same samples whatever the
+timing), so the same trajectories, hence the same pairs, come every run: the 135M model
+makes a valid call in few trajectories, and unseeded a short run may find no pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
+pytest.importorskip("rlfleet_rollout", reason="the rollout service package is not installed")
+
+SHORT = [
+    "dpo.num_prompts=6",
+    "dpo.samples_per_prompt=6",
+    "dpo.pairs_per_step=2",
+    "dpo.epochs=1",
+    "generation.seed=1",
+    "grpo.num_val_prompts=4",
+    "grpo.val_samples_per_prompt=2",
+]
+
+
+def _rlfleet(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "rlfleet_cli.main", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_rl_dpo_tiny_samples_pairs_trains_and_reports_the_hallucination_rate(
+    tmp_path: Path,
+) -> None:
+    import torch
+    from rlfleet_core.models import resolve_model
+    from safetensors.torch import load_file
+
+    prep = _rlfleet(tmp_path, "data", "prep", "rl", "tiny-tooluse", "--val-rows", "28", timeout=300)
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    run = _rlfleet(tmp_path, "rl", "dpo", "-c", "tiny/dpo", "--engine", "hf", *SHORT, timeout=1500)
+    stage = tmp_path / "runs/dpo-tooluse"
+    logs = "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in stage.glob("logs/*.log")
+    )
+    assert run.returncode == 0, run.stderr[-3000:] + logs
+
+    report = json.loads((stage / "report.json").read_text())
+    (result,) = report["stages"]
+    assert result["stage"] == "dpo-tooluse" and result["steps"] >= 1
+    for when in ("before", "after"):
+        details = result["heldout_details"][when]
+        assert 0.0 <= details["hallucination_rate"] <= 1.0, details
+        assert 0.0 <= details["valid_call_rate"] <= 1.0, details
+        assert details["tool_use/num_prompts"] == 4.0  # no held-out prompt failed
+    assert 0.0 <= result["heldout_reward_after"] <= 1.0
+    assert "hallucination_rate" in (stage / "report.md").read_text()
+
+    pairs = [json.loads(line) for line in (stage / "pairs.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
+    assert pairs and metrics[0]["sampling/pairs"] == len(pairs)
+    assert metrics[0]["sampling/trajectories"] == 36 and metrics[0]["sampling/failed_prompts"] == 0
+    for pair in pairs:
+        assert pair["metadata"]["rejected"]["verdict"] in (
+            "malformed_call",
+            "wrong_name",
+            "wrong_arguments",
+        )
+    assert [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
+
+    # The policy changed: the export's weights are not the starting model's.
+    start = load_file(resolve_model("smollm2-135m-instruct") / "model.safetensors")
+    trained = load_file(stage / "hf/model.safetensors")
+    assert any(not torch.equal(start[k], trained[k]) for k in start if k in trained)
