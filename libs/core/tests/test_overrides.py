@@ -153,9 +153,12 @@ def test_set_needs_an_existing_key() -> None:
     assert errors("grpo.lrr=1") == [
         "grpo.lrr: unknown key; did you mean grpo.lr? (from override grpo.lrr=1)"
     ]
-    assert errors("extra.k=1") == [
-        "extra.k: not in the config; to add it use +extra.k=1 (from override extra.k=1)"
-    ]
+    # Unlike Hydra, an open mapping takes new entries with key=v (rlfleet always has).
+    assert load("extra.k=1", "weights.mcqa=2").extra == {"k": 1}
+    assert load("weights.mcqa=2").weights == {"math": 1.0, "code": 2.0, "mcqa": 2.0}
+    assert errors("grpo.name.x=1")[0] == (
+        "grpo.name.x: not in the config; to add it use +grpo.name.x=1 (from override grpo.name.x=1)"
+    )
 
 
 def test_add_needs_a_new_key() -> None:
@@ -214,8 +217,8 @@ def test_overrides_apply_in_order() -> None:
 
 
 def test_every_bad_override_is_reported_on_its_own_line() -> None:
-    assert errors("extra.a=1", "a,b=", "grpo.lr=x,y") == [
-        "extra.a: not in the config; to add it use +extra.a=1 (from override extra.a=1)",
+    assert errors("~extra.a", "a,b=", "grpo.lr=x,y") == [
+        "extra.a: not in the config; nothing to delete (from override ~extra.a)",
         "override 'a,b=': expected key=value with a dotted key, e.g. grpo.lr=1e-6 "
         "(or +key=value, ++key=value, ~key)",
         "grpo.lr: cannot parse value 'x,y': a comma outside brackets is a Hydra sweep, which "

@@ -1,6 +1,8 @@
 """Command-line overrides in Hydra's grammar, applied to a config tree before validation.
 
-    key=value     set a key that exists (declared by the schema, or present in the tree)
+    key=value     set a key that exists (declared by the schema, or present in the tree);
+                  unlike Hydra, an entry of a mapping field (`placement.math=thread`)
+                  may be new, as rlfleet has always allowed
     +key=value    add a key that does not exist yet (error if it does)
     ++key=value   set or add
     ~key          delete (a field with a default goes back to it; a required one is then
@@ -279,6 +281,7 @@ class _Found:
     current: Any  # the tree's value, else the schema default, else _MISSING
     in_model: bool  # the parent is a declared section (its keys are fixed)
     valid: list[str]  # keys of that section (for "did you mean")
+    section: bool = False  # the key itself is a section (a model), not an open mapping
 
 
 def _find(model: type[BaseModel] | None, data: Mapping[str, Any], parts: list[str]) -> _Found:
@@ -303,7 +306,7 @@ def _find(model: type[BaseModel] | None, data: Mapping[str, Any], parts: list[st
             return _Found(False, _MISSING, bool(models), valid)
         node, default = child, child_default
     current = node if node is not _MISSING else default
-    return _Found(True, current, bool(models), valid)
+    return _Found(True, current, bool(models), valid, bool(_models_in(annotation)))
 
 
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -365,6 +368,16 @@ def _remove(data: dict[str, Any], parts: list[str]) -> bool:
     return False
 
 
+def _in_open_mapping(
+    model: type[BaseModel] | None, data: dict[str, Any], override: Override
+) -> bool:
+    """The key's parent is a mapping field (`dict[str, X]`), whose keys are open."""
+    if len(override.parts) < 2:
+        return False
+    parent = _find(model, data, override.parts[:-1])
+    return parent.exists and not parent.section and isinstance(parent.current, Mapping)
+
+
 def apply_override(model: type[BaseModel] | None, data: dict[str, Any], override: Override) -> None:
     """Apply one override to `data` in place; raises OverrideError (one line)."""
     found = _find(model, data, override.parts)
@@ -375,8 +388,10 @@ def apply_override(model: type[BaseModel] | None, data: dict[str, Any], override
             f"(from override {text})"
         )
     if override.op in ("set", "delete") and not found.exists:
-        if found.in_model and override.op == "set":
-            # Let validation name it with "did you mean", like every other unknown key.
+        if override.op == "set" and (found.in_model or _in_open_mapping(model, data, override)):
+            # In a section: validation names it with "did you mean", like every unknown
+            # key. In an open mapping (`placement.math=thread`): an entry, as before Hydra.
+            _fill_defaults(model, data, override.parts[:-1])
             _put(data, override, override.parts, override.value)
             return
         close = difflib.get_close_matches(override.parts[-1], found.valid, n=1)
