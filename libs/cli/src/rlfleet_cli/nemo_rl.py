@@ -158,7 +158,8 @@ def _resolve(root: dict[str, Any]) -> dict[str, Any]:
         except KeyError:
             return node
 
-    return walk(root, [])
+    resolved: dict[str, Any] = walk(root, [])
+    return resolved
 
 
 def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -186,7 +187,7 @@ def import_grpo(config: Mapping[str, Any]) -> Imported:
     for key, value in leaves.items():
         if key in handled:
             continue
-        target, transform = MAPPED.get(key, ("", None))  # type: ignore[arg-type]
+        target, transform = MAPPED.get(key, ("", None))
         converted = _SKIP if transform is None else transform(value)
         if converted is _SKIP or (isinstance(value, str) and "${" in value):
             result.unmapped[key] = value
