@@ -146,3 +146,12 @@ def test_unknown_source_and_missing_file_are_one_line(tmp_path: Path) -> None:
     assert stderr.strip().splitlines() == [
         f"rlfleet: config error: {tmp_path / 'none.yaml'}: config file not found"
     ]
+
+
+def test_help_shows_the_grammar_and_the_out_default() -> None:
+    env = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}
+    help_rl = CliRunner().invoke(app, ["rl", "--help"], env=env).stdout
+    for text in ("+key=value (add a new key)", "++key=value", "~key=value", "[a,b]", "{a:1}"):
+        assert text in help_rl, text
+    help_import = CliRunner().invoke(app, ["config", "import", "--help"], env=env).stdout
+    assert "(default: FILE with the suffix .rlfleet.yaml)" in help_import

@@ -24,7 +24,9 @@ def import_config(
     path: Annotated[Path, typer.Argument(help="Its YAML file (a NeMo-RL GRPO config).")],
     out_path: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Recipe to write. [default: <FILE stem>.rlfleet.yaml]"),
+        typer.Option(
+            "--out", "-o", help="Recipe to write (default: FILE with the suffix .rlfleet.yaml)."
+        ),
     ] = None,
 ) -> None:
     """Map a NeMo-RL GRPO config (its `defaults:` chain and `${...}` references resolved)
