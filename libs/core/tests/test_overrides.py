@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import Field
+from pydantic import Field, field_validator
 from rlfleet_core.config import ConfigError, ConfigModel, format_override, load_config
 from rlfleet_core.overrides import OverrideError, parse_override, parse_value, quote_value
 
@@ -253,10 +253,35 @@ def test_paths_with_special_characters_survive_format_override(tmp_path: Path) -
     assert cfg.model == str(odd)
 
 
+class WithMap(ConfigModel):
+    weights: dict[str, float] = Field(default_factory=lambda: {"math": 1.0})
+
+
 class Holder(ConfigModel):
-    outer: Outer = Outer(model="m")
+    inner: WithMap = WithMap()
 
 
 def test_adding_to_a_default_mapping_inside_an_unset_section_keeps_its_entries() -> None:
-    cfg = load_config(Holder, overrides=["+outer.weights.mcqa=0.5"])
-    assert cfg.outer.weights == {"math": 1.0, "code": 2.0, "mcqa": 0.5}
+    cfg = load_config(Holder, overrides=["+inner.weights.mcqa=0.5"])
+    assert cfg.inner.weights == {"math": 1.0, "mcqa": 0.5}
+
+
+class Checked(ConfigModel):
+    name: str = ""
+    """A default the validator would refuse: pydantic never validates defaults."""
+    other: int = 0
+
+    @field_validator("name")
+    @classmethod
+    def _not_empty(cls, value: str) -> str:
+        if not value:
+            raise ValueError("must not be empty")
+        return value
+
+
+class HasChecked(ConfigModel):
+    checked: Checked = Checked()
+
+
+def test_setting_one_key_does_not_validate_the_sections_other_defaults() -> None:
+    assert load_config(HasChecked, overrides=["checked.other=3"]).checked.other == 3

@@ -352,7 +352,9 @@ def _fill_defaults(model: type[BaseModel] | None, data: dict[str, Any], parts: l
             found = _find(model, data, parts[: depth + 1])
             if not isinstance(found.current, Mapping):
                 return
-            node[part] = copy.deepcopy(dict(found.current))
+            # A section starts empty: its model fills the defaults, and writing them here
+            # would validate defaults that pydantic never validates.
+            node[part] = {} if found.section else copy.deepcopy(dict(found.current))
         node = node[part]
         if not isinstance(node, dict):
             return
