@@ -137,6 +137,24 @@ def test_defaults_chain_and_references(tmp_path: Path) -> None:
     assert result.recipe["grpo"]["importance_sampling"] == "icepop"
 
 
+def test_megatron_backend_and_its_parallelism(tmp_path: Path) -> None:
+    child = tmp_path / "megatron.yaml"
+    child.write_text(
+        f"defaults: {FIXTURE}\npolicy:\n  megatron_cfg:\n    enabled: true\n"
+        "    tensor_model_parallel_size: 2\n    pipeline_model_parallel_size: 2\n"
+        "    optimizer:\n      lr: 3.0e-6\n      adam_beta1: 0.9\n      adam_beta2: 0.98\n"
+    )
+    result = import_grpo(read_nemo_rl(child))
+    policy = result.recipe["policy"]
+    assert (policy["backend"], policy["tensor_parallel_size"]) == ("megatron", 2)
+    assert policy["pipeline_parallel_size"] == 2
+    assert policy["optimizer"]["betas"] == [0.9, 0.98]
+    assert result.recipe["grpo"]["lr"] == 3e-6
+    assert "policy.megatron_cfg.tensor_model_parallel_size" in result.mapped
+    # DTensor's settings are not what trains now: listed, not mapped.
+    assert result.unmapped["policy.dtensor_cfg.tensor_parallel_size"] == 1
+
+
 def test_unknown_source_and_missing_file_are_one_line(tmp_path: Path) -> None:
     code, _, stderr = run("config", "import", "verl", str(FIXTURE))
     assert code == 2

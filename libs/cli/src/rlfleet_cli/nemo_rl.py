@@ -184,10 +184,13 @@ def import_grpo(config: Mapping[str, Any]) -> Imported:
     leaves = _leaves(dict(config))
     handled = _special_cases(config, leaves, result)
     result.mapped |= handled
+    megatron = (config.get("policy", {}).get("megatron_cfg") or {}).get("enabled") is True
     for key, value in leaves.items():
         if key in handled:
             continue
         target, transform = MAPPED.get(key, ("", None))
+        if megatron and key.startswith(_DTENSOR_ONLY):
+            transform = None  # megatron trains: its own optimizer settings were read
         converted = _SKIP if transform is None else transform(value)
         if converted is _SKIP or (isinstance(value, str) and "${" in value):
             result.unmapped[key] = value
@@ -250,10 +253,60 @@ def _special_cases(config: Mapping[str, Any], leaves: dict[str, Any], out: Impor
     ):
         handled.add("policy.train_global_batch_size")  # one optimizer step per batch: as here
 
+    handled |= _backend(policy, leaves, out)
     colocated = policy.get("generation", {}).get("colocated", {})
     if colocated.get("enabled") is True:
         _set(out.recipe, "cluster.generation_nodes", 0)
         handled |= {k for k in leaves if k.startswith("policy.generation.colocated.")}
+    return handled
+
+
+_DTENSOR_ONLY = ("policy.optimizer.", "policy.dtensor_cfg.", "policy.max_grad_norm")
+
+# megatron_cfg key -> recipe key, read only when megatron_cfg.enabled is true.
+_MEGATRON = {
+    "tensor_model_parallel_size": "policy.tensor_parallel_size",
+    "pipeline_model_parallel_size": "policy.pipeline_parallel_size",
+    "context_parallel_size": "policy.context_parallel_size",
+    "expert_model_parallel_size": "policy.expert_parallel_size",
+    "activation_checkpointing": "policy.activation_checkpointing",
+    "optimizer.lr": "grpo.lr",
+    "optimizer.weight_decay": "policy.optimizer.weight_decay",
+    "optimizer.adam_eps": "policy.optimizer.eps",
+    "optimizer.clip_grad": "policy.optimizer.max_grad_norm",
+}
+
+
+def _backend(policy: Mapping[str, Any], leaves: dict[str, Any], out: Imported) -> set[str]:
+    """`policy.megatron_cfg.enabled` picks rlfleet's megatron backend and its parallelism;
+    with DTensor (the torch backend here) only sizes of 1 carry over."""
+    handled: set[str] = set()
+    megatron = policy.get("megatron_cfg") or {}
+    dtensor = policy.get("dtensor_cfg") or {}
+    if megatron.get("enabled") is True:
+        _set(out.recipe, "policy.backend", "megatron")
+        handled.add("policy.megatron_cfg.enabled")
+        for key, target in _MEGATRON.items():
+            nemo_key = f"policy.megatron_cfg.{key}"
+            value = leaves.get(nemo_key)
+            if nemo_key in leaves and not (isinstance(value, str) and "${" in value):
+                _set(out.recipe, target, float(value) if key == "optimizer.adam_eps" else value)
+                out.sources[target] = nemo_key
+                handled.add(nemo_key)
+        beta1 = leaves.get("policy.megatron_cfg.optimizer.adam_beta1")
+        beta2 = leaves.get("policy.megatron_cfg.optimizer.adam_beta2")
+        if beta1 is not None and beta2 is not None:
+            _set(out.recipe, "policy.optimizer.betas", [beta1, beta2])
+            handled |= {f"policy.megatron_cfg.optimizer.adam_beta{i}" for i in (1, 2)}
+        # The DTensor section is not read when megatron trains: its keys stay listed.
+        return handled
+    if megatron.get("enabled") is False:
+        handled.add("policy.megatron_cfg.enabled")
+    if dtensor.get("enabled") is True:
+        handled.add("policy.dtensor_cfg.enabled")
+        for key in ("tensor_parallel_size", "context_parallel_size"):
+            if dtensor.get(key) == 1:
+                handled.add(f"policy.dtensor_cfg.{key}")
     return handled
 
 
