@@ -288,8 +288,10 @@ def _backend(policy: Mapping[str, Any], leaves: dict[str, Any], out: Imported) -
         handled.add("policy.megatron_cfg.enabled")
         for key, target in _MEGATRON.items():
             nemo_key = f"policy.megatron_cfg.{key}"
-            value = leaves.get(nemo_key)
-            if nemo_key in leaves and not (isinstance(value, str) and "${" in value):
+            if nemo_key not in leaves:
+                continue
+            value: Any = leaves[nemo_key]
+            if not (isinstance(value, str) and "${" in value):
                 _set(out.recipe, target, float(value) if key == "optimizer.adam_eps" else value)
                 out.sources[target] = nemo_key
                 handled.add(nemo_key)
