@@ -82,6 +82,18 @@ def test_version_lists_every_package() -> None:
             ["serve", "sandbox", "server.port=70000"],
             "server.port: input should be less than or equal to 65535",
         ),
+        (
+            ["run", "+grpo.lr=1e-6"],
+            "grpo.lr: key already exists; use ++grpo.lr=1e-6 to override "
+            "(from override +grpo.lr=1e-6)",
+        ),
+        (["run", "++grpo.lrr=1e-6"], "grpo.lrr: unknown key; did you mean grpo.lr?"),
+        (["run", "~policy.modl"], "policy.modl: not in the config; did you mean policy.model?"),
+        (["run", "grpo.lr=1e-6,2e-6"], "a comma outside brackets is a Hydra sweep"),
+        (
+            ["serve", "sandbox", "~server.grace_s=9"],
+            "not 9; nothing deleted (from override ~server.grace_s=9)",
+        ),
     ],
 )
 def test_bad_override_prints_one_line_naming_the_key(args: list[str], expected: str) -> None:

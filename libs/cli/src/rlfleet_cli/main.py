@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from rlfleet_cli.commands import bench, data, doctor, reward, rl, run, serve
+from rlfleet_cli.commands import bench, config, data, doctor, reward, rl, run, serve
 
 app = typer.Typer(
     name="rlfleet",
@@ -31,6 +31,7 @@ app.add_typer(data.data_app, name="data")
 app.add_typer(reward.reward_app, name="reward")
 app.command()(rl.rl)
 app.command()(bench.bench)
+app.add_typer(config.config_app, name="config")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,10 @@ Overrides = Annotated[
     list[str] | None,
     typer.Argument(
         metavar="[KEY=VALUE]...",
-        help="Dotted config overrides, e.g. grpo.lr=1e-6.",
+        help="Config overrides in Hydra's grammar: key=value (the key must exist, e.g. "
+        "grpo.lr=1e-6), +key=value (add a new key), ++key=value (set or add), ~key or "
+        "~key=value (delete). Values as Hydra parses them: 3, 1e-6, true, null, a list "
+        "\\[a,b], a dict {a:1}, 'quoted' (docs/recipes.md, Overrides).",
         show_default=False,
     ),
 ]

@@ -1,4 +1,5 @@
-"""Typed configuration: pydantic models loaded from YAML plus dotted `key=value` overrides.
+"""Typed configuration: pydantic models loaded from YAML plus overrides in Hydra's grammar
+(`key=value`, `+key=value`, `++key=value`, `~key`; rlfleet_core.overrides).
 
 Every config section subclasses `ConfigModel`: unknown keys are errors (a misspelled key
 must not pass silently), each field is documented by the docstring under it, and bad
@@ -17,6 +18,26 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rlfleet_core.overrides import (
+    OverrideError,
+    apply_overrides,
+    deep_merge,
+    format_override,
+    parse_override,
+)
+
+__all__ = [
+    "ConfigError",
+    "ConfigModel",
+    "deep_merge",
+    "dump_yaml",
+    "format_override",
+    "format_validation_error",
+    "load_config",
+    "parse_overrides",
+    "read_yaml",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -38,25 +59,24 @@ class ConfigError(ValueError):
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
-    """Turn ["a.b=1", "c=x"] into {"a": {"b": 1}, "c": "x"}.
+    """Turn plain ["a.b=1", "c=x"] into {"a": {"b": 1}, "c": "x"} (no schema: every key is
+    taken as given; `+`, `++` and `~` need one, so they go through `load_config`).
 
-    Values are parsed as YAML scalars/flow collections, so `3` is an int, `true` a bool,
-    `[1,2]` a list and anything else a string (pydantic then checks the type).
+    Values follow Hydra's grammar (rlfleet_core.overrides): `3` is an int, `true` a bool,
+    `[1,2]` a list, `{a:1}` a dict, `'...'` a string, anything else a string.
     """
     tree: dict[str, Any] = {}
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key or any(not part for part in key.split(".")):
-            raise ConfigError(
-                [f"override {item!r}: expected key=value with a dotted key, e.g. grpo.lr=1e-6"]
-            )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+            override = parse_override(item)
+        except OverrideError as exc:
+            raise ConfigError([str(exc)]) from None
+        if override.op != "set":
+            raise ConfigError(
+                [f"override {item!r}: +, ++ and ~ need the config's schema; use load_config"]
+            )
         node = tree
-        parts = key.split(".")
+        parts = override.parts
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
@@ -64,19 +84,8 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
                     [f"override {item!r}: {part!r} was already set to a value, not a section"]
                 )
             node = child
-        node[parts[-1]] = value
+        node[parts[-1]] = override.value
     return tree
-
-
-def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; values in `update` win, nested dicts merge."""
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -109,12 +118,15 @@ def load_config(
     overrides: Iterable[str] = (),
     base: Mapping[str, Any] | None = None,
 ) -> M:
-    """Build `model` from `base` ← YAML at `path` ← `overrides` (later wins)."""
+    """Build `model` from `base` ← YAML at `path` ← `overrides`, applied in order (Hydra's
+    grammar: `key=v` must exist, `+key=v` must not, `++key=v` either, `~key` deletes)."""
     data: dict[str, Any] = dict(base or {})
     if path is not None:
         data = deep_merge(data, read_yaml(path))
     overrides = list(overrides)
-    data = deep_merge(data, parse_overrides(overrides))
+    data, problems = apply_overrides(model, data, overrides)
+    if problems:
+        raise ConfigError(problems)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -158,7 +170,7 @@ def format_validation_error(
     exc: ValidationError, model: type[BaseModel], overrides: Iterable[str] = ()
 ) -> list[str]:
     """One line per problem: `dotted.key: what is wrong, got X (from override ...)`."""
-    override_keys = {o.partition("=")[0].strip(): o for o in overrides}
+    override_keys = {o.partition("=")[0].strip().lstrip("+~"): o for o in overrides}
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])

@@ -48,7 +48,7 @@ from rlfleet_core.auth import (
     server_credentials,
     server_token,
 )
-from rlfleet_core.config import ConfigError, ConfigModel, load_config
+from rlfleet_core.config import ConfigError, ConfigModel, format_override, load_config
 from rlfleet_core.errors import StartupError
 from rlfleet_core.health import ServiceHealth
 from rlfleet_core.interceptors import ServerInterceptor
@@ -397,9 +397,9 @@ def load_service_config(
     if http_port is not None:
         flags.append(f"server.http_port={http_port}")
     if host is not None:
-        flags.append(f"server.host={host}")
+        flags.append(format_override("server.host", host))
     if port_file is not None:
-        flags.append(f"server.port_file={port_file}")
+        flags.append(format_override("server.port_file", port_file))
     return load_config(definition.config_model, config_path, [*overrides, *flags])
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import DataError
 from rlfleet_contracts.run_folder import BLEND_MANIFEST, PipelineFolder, StageFolder
-from rlfleet_core.config import dump_yaml
+from rlfleet_core.config import dump_yaml, format_override
 from rlfleet_dataprep.prep import PrepOptions, prepare_rl, resolve_blend
 
 from rlfleet_pipeline.fleet import LocalFleet, tail_lines
@@ -202,9 +202,9 @@ def stage_recipe(
         else str(PipelineFolder(out).stage(pipeline.stages[index - 1].name).hf)
     )
     wiring = [
-        f"data.train_path={data_dir / 'train' / 'data.jsonl'}",
-        f"data.val_path={data_dir / 'val' / 'data.jsonl'}",
-        f"policy.model={model}",
+        format_override("data.train_path", data_dir / "train" / "data.jsonl"),
+        format_override("data.val_path", data_dir / "val" / "data.jsonl"),
+        format_override("policy.model", model),
         "checkpoint.export_hf=true",
     ]
     return load_recipe(stage.recipe, [*wiring, *overrides])
@@ -366,7 +366,7 @@ def run_pipeline(
     pending = [i for i, s in enumerate(pipeline.stages) if not stage_done(stage_path(out, s))]
     if pending:
         log(f"starting {', '.join(pipeline.services)} (logs in {PipelineFolder(out).logs})")
-        overrides = {"rollout": [f"engine={spec.engine}", f"model={pipeline.model}"]}
+        overrides = {"rollout": [f"engine={spec.engine}", format_override("model", pipeline.model)]}
         with LocalFleet(pipeline.services, out, overrides=overrides) as fleet:
             targets = {"rollout": fleet.target("rollout"), "reward": fleet.target("reward")}
             for index in pending:

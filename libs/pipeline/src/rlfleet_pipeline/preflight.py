@@ -25,7 +25,7 @@ from pathlib import Path
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import env_of
 from rlfleet_contracts.startup import start_problem
-from rlfleet_core.config import ConfigError, read_yaml
+from rlfleet_core.config import ConfigError, format_override, read_yaml
 from rlfleet_core.server import load_service_config
 
 from rlfleet_pipeline.fleet import wiring
@@ -144,7 +144,7 @@ def wiring_problem(recipe: RecipeConfig, plan: dict[str, list[str]]) -> str | No
             f"{', '.join(missing)} (SLURM: set nodes.{missing[0].replace('-', '_')} >= 1 in "
             "the profile)"
         )
-    model = f"model={recipe.policy.model}"
+    model = format_override("model", recipe.policy.model)
     if "rollout" in plan and model not in plan["rollout"]:
         return (
             f"the launch plan starts the rollout service without {model} (it would serve "

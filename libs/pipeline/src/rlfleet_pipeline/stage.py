@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -15,8 +14,9 @@ from pathlib import Path
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.auth import TOKEN_FILE_ENV
-from rlfleet_core.config import dump_yaml
+from rlfleet_core.config import dump_yaml, format_override
 from rlfleet_core.models import BUNDLED_MODELS
+from rlfleet_core.overrides import quote_value
 
 from rlfleet_pipeline.fleet import LocalFleet
 from rlfleet_pipeline.launch.compose import (
@@ -275,10 +275,10 @@ def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]
     settings and the judge rollout its model (judge_overrides)."""
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
-    overrides = [f"engine={engine}", f"model={recipe.policy.model}"]
+    overrides = [f"engine={engine}", format_override("model", recipe.policy.model)]
     if recipe.services.weight_transport == "shared_file" and recipe.services.shared_dir:
         # The rollout loads shared-file updates only from folders it is told to trust.
-        overrides.append(f"weight_file_roots={json.dumps([recipe.services.shared_dir])}")
+        overrides.append(f"weight_file_roots=[{quote_value(recipe.services.shared_dir)}]")
     planned = {"rollout": overrides}
     if SWE_AGENT_ENV in recipe.multi_turn.envs:
         planned["reward"] = swe_episode_overrides(recipe)

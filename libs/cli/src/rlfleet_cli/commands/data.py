@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rlfleet_core.config import format_override
 from rlfleet_pipeline.fleet import FleetError, LocalFleet
 
 from rlfleet_cli.ui import err, fail, out
@@ -36,7 +37,7 @@ def start_missing_services(
         err.print(
             f"starting {', '.join(needed)} for the curriculum pass (logs in {log_dir / 'logs'})"
         )
-        overrides = {"rollout": [f"engine={engine}", f"model={model}"]}
+        overrides = {"rollout": [f"engine={engine}", format_override("model", model)]}
         fleet = stack.enter_context(LocalFleet(needed, log_dir, overrides=overrides))
         if rollout_url is None:
             rollout_url = f"http://127.0.0.1:{fleet.processes['rollout'].http_port}"
