@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from pydantic import Field, field_validator
 from rlfleet_core.config import ConfigError, ConfigModel, format_override, load_config
-from rlfleet_core.overrides import OverrideError, parse_override, parse_value, quote_value
+from rlfleet_core.overrides import (
+    OverrideError,
+    format_value,
+    parse_override,
+    parse_value,
+    quote_value,
+)
 
 
 class Inner(ConfigModel):
@@ -245,6 +251,23 @@ def test_descending_into_a_value_is_refused() -> None:
 )
 def test_quote_value_round_trips(value: str) -> None:
     assert parse_value(quote_value(value)) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        0.3,
+        -2,
+        '{"score_1": ',
+        ["a, b", 1, False],
+        {"general": "Judge: be fair, [brief]", "math": 'x"y', "n": {"k": [1.5]}},
+    ],
+)
+def test_format_value_round_trips_recipe_values(value: object) -> None:
+    """What the launcher writes from a recipe section (judge.genrm.*) parses back intact."""
+    assert parse_value(format_value(value)) == value
 
 
 def test_paths_with_special_characters_survive_format_override(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from rlfleet_core.overrides import (
     apply_overrides,
     deep_merge,
     format_override,
+    format_value,
     parse_override,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "dump_yaml",
     "format_override",
     "format_validation_error",
+    "format_value",
     "load_config",
     "parse_overrides",
     "read_yaml",

@@ -109,6 +109,29 @@ def format_override(key: str, value: object) -> str:
     return f"{key}={quote_value(str(value))}"
 
 
+def format_value(value: object) -> str:
+    """A YAML-like value (None, bool, number, str, list, dict with string keys) as an
+    override value that parses back to it: for code that turns a recipe section into a
+    service's overrides."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return quote_value(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return (
+            "{"
+            + ",".join(f"{quote_value(str(k))}:{format_value(v)}" for k, v in value.items())
+            + "}"
+        )
+    raise TypeError(f"cannot write {type(value).__name__} as an override value")
+
+
 class _ValueParser:
     def __init__(self, text: str) -> None:
         self.s, self.i = text, 0

@@ -14,7 +14,7 @@ from pathlib import Path
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.auth import TOKEN_FILE_ENV
-from rlfleet_core.config import dump_yaml, format_override
+from rlfleet_core.config import dump_yaml, format_override, format_value
 from rlfleet_core.models import BUNDLED_MODELS
 from rlfleet_core.overrides import quote_value
 
@@ -87,8 +87,8 @@ def judge_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
         f"judge.top_p={j.top_p:g}",
         f"judge.max_tokens={j.max_tokens}",
         f"judge.request_timeout_s={j.request_timeout_s:g}",
-        *([f"judge.answer_prefix={json.dumps(j.answer_prefix)}"] if j.answer_prefix else []),
-        *(f"genrm.{key}={json.dumps(value)}" for key, value in j.genrm.items()),
+        *([format_override("judge.answer_prefix", j.answer_prefix)] if j.answer_prefix else []),
+        *(f"genrm.{key}={format_value(value)}" for key, value in j.genrm.items()),
     ]
     if not j.served:
         reward.append(f"judge.base_url={j.base_url}")

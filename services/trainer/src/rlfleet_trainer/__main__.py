@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.startup import check_start
-from rlfleet_core.config import ConfigError, load_config
+from rlfleet_core.config import ConfigError, format_override, load_config
 from rlfleet_core.logs import setup_logging
 from rlfleet_core.server import service_main
 
@@ -45,7 +45,7 @@ def run_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
     if args.rows:
-        overrides.append(f"data.train_path={args.rows}")
+        overrides.append(format_override("data.train_path", args.rows))
     try:
         recipe = load_config(RecipeConfig, args.config, overrides)
     except ConfigError as exc:

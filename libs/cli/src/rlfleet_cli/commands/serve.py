@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
-from rlfleet_core.config import ConfigError
+from rlfleet_core.config import ConfigError, format_override
 from rlfleet_core.server import load_service_config, run_service_blocking
 from rlfleet_core.versions import git_commit, package_version, remote_build
 from rlfleet_pipeline.services import KNOWN_SERVICES, ServiceNotFound, get_service
@@ -156,7 +156,7 @@ def up(
         if judge_engine not in ("hf", "vllm"):
             raise fail(f"--judge-engine: {judge_engine!r} is not an engine; use hf or vllm")
         names.append("judge")
-        overrides["judge"] = [f"model={judge_model}", f"engine={judge_engine}"]
+        overrides["judge"] = [format_override("model", judge_model), f"engine={judge_engine}"]
     try:
         with err.status("starting services..."):
             fleet = LocalFleet(
