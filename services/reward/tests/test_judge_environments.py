@@ -436,3 +436,20 @@ def test_nemo_gym_example_rows_parse(server: str, env: str, kind: str | None) ->
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     specs = [get_environment(env).parse_row(row) for row in rows]
     assert specs and all(getattr(s, "category", None) == kind for s in specs if kind)
+
+
+def test_judge_only_environments_take_no_worker_room() -> None:
+    """A group of `safety` / tool-argument responses is not shed for a full worker queue
+    (they never use a worker); `multi_challenge`'s programmatic items do."""
+    from rlfleet_reward.config import RewardServiceConfig
+    from rlfleet_reward.gateway import Gateway
+    from rlfleet_reward.types import Overloaded
+
+    config = RewardServiceConfig(
+        environments=["safety", TOOL_ENV, "multi_challenge"], pool={"max_queue": 1}
+    )
+    gateway = Gateway(config)
+    gateway.reserve("safety", 8)
+    gateway.reserve(TOOL_ENV, 8)
+    with pytest.raises(Overloaded):
+        gateway.reserve("multi_challenge", 8)

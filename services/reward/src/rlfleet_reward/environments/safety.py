@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rlfleet_reward.environments.base import Environment, RunContext, require_str
+from rlfleet_reward.environments.base import Environment, Placement, RunContext, require_str
 from rlfleet_reward.environments.judged import (
     JudgeFailed,
     ask_judge,
@@ -95,6 +95,9 @@ class SafetyEnvironment(Environment):
     )
     required_fields: ClassVar[tuple[str, ...]] = ("responses_create_params", "category")
     optional_fields: ClassVar[tuple[str, ...]] = ("goal",)
+    # `run` awaits the judge on the gateway's loop and never uses a worker: no pool room
+    # is reserved for it (the judge client's own concurrency limit bounds the calls).
+    placement: ClassVar[Placement] = "loop"
 
     def parse_row(self, row: Mapping[str, Any]) -> SafetySpec:
         category = require_str(row, "category") if "category" in row else ""

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import (
     Environment,
+    Placement,
     RunContext,
     optional_number,
     require,
@@ -166,6 +167,9 @@ class ToolArgumentComparisonEnvironment(Environment):
         "word_count_similarity_threshold",
         "floating_point_comparison_threshold",
     )
+    # `run` awaits the judge on the gateway's loop and never uses a worker: no pool room
+    # is reserved for it (the judge client's own concurrency limit bounds the calls).
+    placement: ClassVar[Placement] = "loop"
 
     def parse_row(self, row: Mapping[str, Any]) -> ArgumentSpec:
         action = require(row, "expected_action")
