@@ -1,7 +1,7 @@
 """`single_step_tool_use_with_argument_comparison`: the next action of a tool-use
 trajectory (one step), compared with the demonstrated one, as NeMo-Gym's resources server
 of that name does (its `common/verification_utils.py`, pinned in
-tests/test_tool_argument_comparison.py).
+the service's tests/test_tool_argument_comparison.py).
 
 The expected action is a tool call or a chat message. A message is matched by any
 assistant message (reward 1) and missed by a tool call. A call is matched by an actual
