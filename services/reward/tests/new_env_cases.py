@@ -148,10 +148,10 @@ MULTI_CHALLENGE = [
     Case("missing-rubric", {"responses_create_params": _CHAT}, "x", invalid_field="row.rubric"),
     Case("empty-rubric", mc_row([]), "x", invalid_field="row.rubric"),
     Case(
-        "judge-item",
-        mc_row([{"question": "Did it remember?", "pass_criteria": "YES"}]),
+        "judge-item-criteria",
+        mc_row([{"question": "Did it remember?", "pass_criteria": "MAYBE"}]),
         "x",
-        invalid_field="row.rubric[0]",
+        invalid_field="row.rubric[0].pass_criteria",
     ),
     Case(
         "unknown-id",

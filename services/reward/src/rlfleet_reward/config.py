@@ -168,9 +168,17 @@ class RewardServiceConfig(ServiceConfig):
     """Verification budget per response: its verdict or a TIMEOUT failure comes within
     this (queue wait included); a call's own deadline lowers it."""
     env_timeout_s: dict[str, float] = Field(
-        default_factory=lambda: {"code": 60.0, "genrm_compare": 300.0}
+        default_factory=lambda: {
+            "code": 60.0,
+            "genrm_compare": 300.0,
+            # One (or a few concurrent) judge calls per response.
+            "safety": 120.0,
+            "multi_challenge": 120.0,
+            "single_step_tool_use_with_argument_comparison": 120.0,
+        }
     )
-    """Per-environment budgets that override `timeout_s` (e.g. code runs tests)."""
+    """Per-environment budgets that override `timeout_s` (e.g. code runs tests, judges
+    generate)."""
     placement: dict[str, str] = Field(default_factory=dict)
     """Where each environment's check runs, overriding its default (`placement.math=thread`):
     `loop` (inline on the event loop, guarded by `pool.inline_budget_s`), `thread`
@@ -187,7 +195,9 @@ class RewardServiceConfig(ServiceConfig):
     episodes: EpisodesConfig = EpisodesConfig()
     swe: SweRunnerConfig = SweRunnerConfig()
     judge: JudgeConfig = JudgeConfig()
-    """The LLM judge of judge-based environments (`genrm_compare`)."""
+    """The LLM judge of judge-based environments (`genrm_compare`, `safety`, the question
+    items of `multi_challenge`, the judged arguments of
+    `single_step_tool_use_with_argument_comparison`)."""
     genrm: GenRMConfig = GenRMConfig()
 
     @field_validator("environments")

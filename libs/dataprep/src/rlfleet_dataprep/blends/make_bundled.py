@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlfleet_contracts.rows import LENIENT_EXTRACTION, MATH_EXTRACTION_FIELD
 from rlfleet_dataprep.blends.rlhf import rlhf_rows
+from rlfleet_dataprep.blends.safety import safety_rows
 from rlfleet_dataprep.blends.super_sample import super_sample
 from rlfleet_dataprep.blends.tool_use import tool_use_rows
 
@@ -210,6 +211,8 @@ BLENDS: dict[str, list[dict[str, object]]] = {
     "tiny-rlhf": rlhf_rows(128, seed=17),
     # A few rows of each judge-free Super RLVR environment the tiny blends lack.
     "super-sample": super_sample(),
+    # The judge-graded `safety` environment: over-refusal and (placeholder) jailbreaks.
+    "tiny-safety": safety_rows(),
 }
 
 

@@ -27,6 +27,8 @@ _REGISTRY: dict[str, str] = {
     "math_formal_lean": "rlfleet_reward.environments.math_formal_lean:MathFormalLeanEnvironment",
     "swe_pivot": "rlfleet_reward.environments.swe_pivot:SwePivotEnvironment",
     "genrm_compare": "rlfleet_reward.environments.genrm_compare:GenRMCompareEnvironment",
+    "safety": "rlfleet_reward.environments.safety:SafetyEnvironment",
+    "single_step_tool_use_with_argument_comparison": "rlfleet_reward.environments.tool_argument_comparison:ToolArgumentComparisonEnvironment",
 }
 
 ENVIRONMENT_NAMES: tuple[str, ...] = tuple(_REGISTRY)

@@ -8,8 +8,9 @@ An environment has two halves that run in different places:
   it; rlfleet_reward/placement.py): `process`, a verifier worker (CPU work, killable on
   timeout); `thread`, a bounded thread pool; `loop`, inline on the gateway's event loop
   under a wall-clock guard, for sub-millisecond checks. Environments whose work is I/O
-  (the `code` env waits on the sandbox) or that wrap another environment (`low_effort`)
-  override `run` instead and stay in the gateway's event loop.
+  (the `code` env waits on the sandbox; the judge environments wait on the judge:
+  environments/judged.py) or that wrap another environment (`low_effort`) override `run`
+  instead and stay in the gateway's event loop.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class RunContext(Protocol):
 
     def sandbox(self) -> Any:
         """The sandbox client (rlfleet_reward.sandbox_client.SandboxClient), or None."""
+
+    def judge(self) -> Any:
+        """The gateway's judge client (rlfleet_reward.judge.client.JudgeClient), or None
+        when `judge.base_url` is not set. For environments that override `run` (on the
+        gateway's loop): environments/judged.py."""
 
 
 class Environment:

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import choice, optional_str
 from rlfleet_reward.environments.group import GroupContext, GroupEnvironment
+from rlfleet_reward.environments.judged import conversation_of
 from rlfleet_reward.judge.client import JUDGE_PARSE_FAILURES, JudgeClient, JudgeError, Messages
 from rlfleet_reward.judge.config import GenRMConfig
 from rlfleet_reward.judge.genrm import (
@@ -75,38 +76,6 @@ class GenRMSpec:
     principle: str | None
     domain: str
     strategy: str | None
-
-
-def _content_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for k, part in enumerate(content):
-            text = part.get("text") if isinstance(part, dict) else None
-            if not isinstance(text, str):
-                raise RowError(f"{where}[{k}]", "expected a content part with a `text` string")
-            parts.append(text)
-        return "".join(parts)
-    raise RowError(
-        where, f"expected a string or a list of text parts, got {type(content).__name__}"
-    )
-
-
-def _conversation(row: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    params = row.get("responses_create_params")
-    messages = params.get("input") if isinstance(params, dict) else None
-    where = "responses_create_params.input"
-    if isinstance(messages, str) and messages.strip():
-        return (("user", messages),)
-    if not isinstance(messages, list) or not messages:
-        raise RowError(where, "required: the conversation as a list of messages (or a string)")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RowError(f"{where}[{i}]", "expected a message with a `role` string")
-        out.append((m["role"], _content_text(m.get("content", ""), f"{where}[{i}].content")))
-    return tuple(out)
 
 
 def _principle(row: Mapping[str, Any]) -> str | None:
@@ -166,7 +135,7 @@ class GenRMCompareEnvironment(GroupEnvironment):
             else None
         )
         return GenRMSpec(
-            conversation=_conversation(row),
+            conversation=conversation_of(row),
             principle=_principle(row),
             domain=optional_str(row, "domain", "general"),
             strategy=strategy,

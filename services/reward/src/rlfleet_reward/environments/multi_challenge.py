@@ -1,39 +1,56 @@
-"""`multi_challenge`: multi-turn instruction following with a programmatic rubric.
+"""`multi_challenge`: multi-turn instruction following, graded by a rubric.
 
 The conversation (several user/assistant turns in `responses_create_params.input`) sets
 rules in earlier turns: a constraint in turn 1, a name in turn 2, a language for the
-rest of the chat. The final response must still keep them; each rubric item is a check
-that can be run on the response alone. NeMo-Gym's `multichallenge` and `inverse_if`
-servers grade free-text rubric questions with an LLM judge; this environment covers only
-rubrics whose items are programmatic (a judge-graded item is refused, naming it).
+rest of the chat. The final response must still keep them. A rubric item is either a
+programmatic check of the response alone (scored where the environment is placed, in a
+worker by default) or, as in NeMo-Gym's `multichallenge` server, a free-text question
+the LLM judge answers `[[YES]]` / `[[NO]]` about the final response, given the whole
+conversation (asked on the gateway's loop, concurrently: environments/judged.py). A
+judged item passes when the judge's answer equals its `pass_criteria` (NeMo-Gym's
+rule); an answer without exactly one of the two labels fails the response as a
+JUDGE_ERROR with the reason (NeMo-Gym reads it as NO).
 
 Row fields:
 - `responses_create_params.input` (required): the conversation; it must hold at least
   one assistant turn before the last user turn (else it is not multi-turn).
-- `rubric` (required): a list of 1-64 items `{"instruction_id", "kwargs", "turn",
-  "description"}`. `instruction_id` is one of `if_checkers.CHECKERS` (the
-  `instruction_following` ids, arguments checked the same way) or one of this module's
-  `EXTRA_CHECKERS`: `language:script` (`script`: the writing system the reply must be in,
-  e.g. the language a user asked for in an earlier turn; one of `SCRIPTS`). `turn`
-  (optional) is the 1-based user turn that stated the rule; it must exist, and it names
-  the rubric component. `description` is free text for people (ignored).
+- `rubric` (required): a list of 1-64 items, each either programmatic
+  `{"instruction_id", "kwargs", "turn", "description"}` or judged
+  `{"question", "pass_criteria", "turn"}`. `instruction_id` is one of
+  `if_checkers.CHECKERS` (the `instruction_following` ids, arguments checked the same
+  way) or one of this module's `EXTRA_CHECKERS`: `language:script` (`script`: the
+  writing system the reply must be in; one of `SCRIPTS`). `question` is a yes/no
+  question about the final response; `pass_criteria` (`YES` default, or `NO`) is the
+  answer that passes. `turn` (optional) is the 1-based user turn that stated the rule;
+  it must exist, and it names the rubric component. `description` is for people.
 - `grading_mode` (optional): `all` (default; reward 1 only if every item passes) or
   `fraction` (each passing item earns 1/k, one reward component per item).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from rlfleet_reward.environments.base import Environment, choice, require
+from rlfleet_reward.environments.base import Environment, RunContext, choice, require
 from rlfleet_reward.environments.if_checkers import CHECKERS, Checker
+from rlfleet_reward.environments.judged import (
+    JudgeFailed,
+    ask_judge,
+    conversation_of,
+    deadline_of,
+    judge_failure,
+)
+from rlfleet_reward.judge.labels import parse_yes_no
 from rlfleet_reward.types import RowError, Sample, Score, scored
 
 MAX_RUBRIC_ITEMS = 64
+MAX_QUESTION_CHARS = 4000
 SCRIPTS = (
     "latin",
     "cyrillic",
@@ -86,15 +103,22 @@ EXTRA_CHECKERS: dict[str, Checker] = {
 @dataclass(frozen=True)
 class RubricItem:
     instruction_id: str
+    """The checker's id; `judge` for a judged item."""
     args: tuple[tuple[str, Any], ...]
     key: str
     """Reward component name: `turn<N>:<id>` (or `<id>`), `#<index>` added when repeated."""
+    question: str | None = None
+    """A judged item's question (None: programmatic)."""
+    pass_yes: bool = True
+    """A judged item passes when the judge answers YES (`pass_criteria`), else NO."""
 
 
 @dataclass(frozen=True)
 class MultiChallengeSpec:
     items: tuple[RubricItem, ...]
     fraction: bool
+    conversation: tuple[tuple[str, str], ...] = ()
+    """The conversation as (role, text), for the judge (kept only when an item is judged)."""
 
 
 def _user_turns(row: Mapping[str, Any]) -> int:
@@ -123,11 +147,7 @@ def _parse_item(i: int, item: Any, user_turns: int) -> tuple[str, tuple[tuple[st
         raise RowError(where, "expected an object with an instruction_id")
     instruction_id = item.get("instruction_id")
     if instruction_id is None and "question" in item:
-        raise RowError(
-            where,
-            "a judge-graded item (question/pass_criteria) needs an LLM judge, which "
-            "this environment does not use; give a programmatic instruction_id",
-        )
+        return _parse_judged(where, item, user_turns)
     checker = None
     if isinstance(instruction_id, str):
         checker = CHECKERS.get(instruction_id) or EXTRA_CHECKERS.get(instruction_id)
@@ -138,6 +158,10 @@ def _parse_item(i: int, item: Any, user_turns: int) -> tuple[str, tuple[tuple[st
             f"unknown instruction {str(instruction_id)[:60]!r}; supported: {', '.join(known)}",
         )
     args = checker.convert_kwargs(item.get("kwargs"), f"{where}.kwargs")
+    return instruction_id, args, _turn(where, item, user_turns)
+
+
+def _turn(where: str, item: dict[str, Any], user_turns: int) -> int:
     turn = item.get("turn", 0)
     if turn is None:
         turn = 0
@@ -145,14 +169,30 @@ def _parse_item(i: int, item: Any, user_turns: int) -> tuple[str, tuple[tuple[st
         raise RowError(
             f"{where}.turn", f"expected a user turn in [1, {user_turns}] (or 0), got {turn!r}"
         )
-    return instruction_id, args, turn
+    return turn
+
+
+def _parse_judged(
+    where: str, item: dict[str, Any], user_turns: int
+) -> tuple[str, tuple[tuple[str, Any], ...], int]:
+    """A judged item as ("judge", (("question", q), ("pass_yes", b)), turn)."""
+    question = item["question"]
+    if not isinstance(question, str) or not question.strip():
+        raise RowError(f"{where}.question", "expected a non-empty yes/no question")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise RowError(f"{where}.question", f"longer than {MAX_QUESTION_CHARS} characters")
+    criteria = item.get("pass_criteria", "YES")
+    if not isinstance(criteria, str) or criteria.strip().upper() not in ("YES", "NO"):
+        raise RowError(f"{where}.pass_criteria", f"expected YES or NO, got {str(criteria)[:40]!r}")
+    pass_yes = criteria.strip().upper() == "YES"
+    return "judge", (("question", question), ("pass_yes", pass_yes)), _turn(where, item, user_turns)
 
 
 class MultiChallengeEnvironment(Environment):
     name: ClassVar[str] = "multi_challenge"
     description: ClassVar[str] = (
         "Multi-turn instruction following: the final reply must keep rules set in earlier "
-        "turns, each checked programmatically (no judge)."
+        "turns, each checked programmatically or asked of the LLM judge (yes/no)."
     )
     required_fields: ClassVar[tuple[str, ...]] = ("responses_create_params", "rubric")
     optional_fields: ClassVar[tuple[str, ...]] = ("grading_mode",)
@@ -171,21 +211,103 @@ class MultiChallengeEnvironment(Environment):
             if key in keys:
                 key = f"{key}#{i}"
             keys.add(key)
-            items.append(RubricItem(instruction_id, args, key))
-        return MultiChallengeSpec(tuple(items), fraction)
+            if instruction_id == "judge":
+                found = dict(args)
+                items.append(
+                    RubricItem("judge", (), key, str(found["question"]), bool(found["pass_yes"]))
+                )
+            else:
+                items.append(RubricItem(instruction_id, args, key))
+        judged = any(item.question is not None for item in items)
+        return MultiChallengeSpec(tuple(items), fraction, conversation_of(row) if judged else ())
+
+    async def run(self, spec: MultiChallengeSpec, sample: Sample, ctx: RunContext) -> Score:
+        if all(item.question is None for item in spec.items):
+            return await ctx.verify(self.name, spec, sample)
+        return await self._run_judged(spec, sample, ctx)
+
+    async def _run_judged(self, spec: MultiChallengeSpec, sample: Sample, ctx: RunContext) -> Score:
+        """Programmatic items where the environment is placed (as `fraction`, so each
+        item's pass shows in its component), judged ones on this loop, all at once."""
+        deadline = deadline_of(ctx)
+        programmatic = tuple(item for item in spec.items if item.question is None)
+        judged = [item for item in spec.items if item.question is not None]
+        checks = (
+            ctx.verify(self.name, replace(spec, items=programmatic, fraction=True), sample)
+            if programmatic
+            else _nothing()
+        )
+        asks = [
+            ask_judge(
+                ctx, self.name, judge_messages(spec, item, sample.text), parse_yes_no, deadline
+            )
+            for item in judged
+        ]
+        checked, answers = await asyncio.gather(checks, asyncio.gather(*asks))
+        if checked is not None and checked.failed:
+            return checked
+        passed = {
+            key.removeprefix("rubric:"): value > 0
+            for key, value in (checked.components if checked else {}).items()
+        }
+        failures = [
+            (item.key, answer)
+            for item, answer in zip(judged, answers, strict=True)
+            if isinstance(answer, JudgeFailed)
+        ]
+        if failures:
+            return judge_failure(failures, len(judged))
+        verdicts = {}
+        for item, answer in zip(judged, answers, strict=True):
+            passed[item.key] = answer == item.pass_yes
+            verdicts[item.key] = "YES" if answer else "NO"
+        results = [(item.key, passed[item.key]) for item in spec.items]
+        return rubric_score(results, spec.fraction, judge=json.dumps(verdicts))
 
     def score(self, spec: MultiChallengeSpec, sample: Sample) -> Score:
         results = []
         for item in spec.items:
             checker = CHECKERS.get(item.instruction_id) or EXTRA_CHECKERS[item.instruction_id]
             results.append((item.key, bool(checker.check(sample.text, **dict(item.args)))))
-        failed = [k for k, ok in results if not ok]
-        info = {
-            "passed": ",".join(k for k, ok in results if ok),
-            "failed": ",".join(failed),
-            "num_passed": f"{len(results) - len(failed)}/{len(results)}",
-        }
-        if spec.fraction:
-            share = 1.0 / len(results)
-            return scored({f"rubric:{k}": share if ok else 0.0 for k, ok in results}, **info)
-        return scored({"all_passed": 0.0 if failed else 1.0}, **info)
+        return rubric_score(results, spec.fraction)
+
+
+async def _nothing() -> None:
+    return None
+
+
+JUDGE_INSTRUCTIONS = (
+    "You check one criterion of an AI assistant's final reply in a conversation. Read the "
+    "conversation, then the final reply, then the question about the final reply; answer "
+    "the question about the final reply only. End your answer with exactly one label: "
+    "[[YES]] or [[NO]]."
+)
+
+
+def judge_messages(
+    spec: MultiChallengeSpec, item: RubricItem, response: str
+) -> list[dict[str, str]]:
+    """Our wording of NeMo-Gym multichallenge's judge prompt (context, final response,
+    question; the label last)."""
+    chat = "\n\n".join(f"[{role.upper()}]: {content}" for role, content in spec.conversation)
+    user = (
+        f"# Conversation\n{chat}\n\n# Final reply\n{response}\n\n"
+        f"# Question about the final reply\n{item.question}\n\n"
+        "Answer with exactly one label: [[YES]] or [[NO]]."
+    )
+    return [{"role": "system", "content": JUDGE_INSTRUCTIONS}, {"role": "user", "content": user}]
+
+
+def rubric_score(results: list[tuple[str, bool]], fraction: bool, **extra: object) -> Score:
+    """The reward of (component key, passed) per rubric item, in `grading_mode`."""
+    failed = [k for k, ok in results if not ok]
+    info: dict[str, object] = {
+        "passed": ",".join(k for k, ok in results if ok),
+        "failed": ",".join(failed),
+        "num_passed": f"{len(results) - len(failed)}/{len(results)}",
+        **extra,
+    }
+    if fraction:
+        share = 1.0 / len(results)
+        return scored({f"rubric:{k}": share if ok else 0.0 for k, ok in results}, **info)
+    return scored({"all_passed": 0.0 if failed else 1.0}, **info)
