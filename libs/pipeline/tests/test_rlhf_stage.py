@@ -49,7 +49,8 @@ def test_super3_rlhf_gives_the_gateway_the_seeds_genrm_settings() -> None:
         "judge.temperature=0.6",
         "judge.top_p=0.95",
         "judge.max_tokens=16384",
-        "genrm.comparison_strategy=" + json.dumps("circular"),
+        "genrm.comparison_strategy=circular",
+        "judge.prefill=false",
         "genrm.reasoning_bonus=0.5",
         "genrm.group_answer_length_penalty_coeff=0.35",
         "genrm.group_style_penalty_coeff=0.05",
@@ -108,6 +109,13 @@ def test_a_genrm_stage_without_a_judge_is_refused_before_it_starts(tmp_path: Pat
     assert problem is not None and problem.startswith("grpo.val_samples_per_prompt (1)")
     external = load_recipe("super3/rlhf", ["judge.base_url=http://genrm:8000/v1"])
     assert wiring_problem(external, planned_overrides(external, profile, tmp_path, "vllm")) is None
+    # safety asks the judge for each response alone: a judge is needed, groups of one are fine
+    safety = ["judge.model=null", "data.default_env=safety", "grpo.val_samples_per_prompt=1"]
+    alone = load_recipe("tiny/rlhf", safety)
+    problem = wiring_problem(alone, local_overrides(alone, "hf"))
+    assert problem is not None and "scores with safety" in problem
+    judged = load_recipe("tiny/rlhf", [*safety[1:], "judge.base_url=http://j:1/v1"])
+    assert wiring_problem(judged, local_overrides(judged, "hf")) is None
 
 
 def _metric(url: str, pattern: str) -> float:

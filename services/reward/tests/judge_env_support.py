@@ -31,7 +31,11 @@ class Ctx:
 
 
 async def score(
-    env: str, row: dict[str, Any], sample: Sample | str, answer: Callable[[str], str] | None
+    env: str,
+    row: dict[str, Any],
+    sample: Sample | str,
+    answer: Callable[[str], str] | None,
+    prefill: bool = False,
 ) -> tuple[Score, ScriptedJudge]:
     """`env`'s Score of `sample` on `row`, the judge answering `answer(chat text)` (None:
     no judge configured)."""
@@ -42,7 +46,9 @@ async def score(
     if answer is None:
         return await environment.run(spec, sample, Ctx(None)), judge  # type: ignore[arg-type]
     async with serve_judge(judge) as url:
-        client = JudgeClient(JudgeConfig(base_url=url, cache_size=0, backoff_s=0.01))
+        client = JudgeClient(
+            JudgeConfig(base_url=url, cache_size=0, backoff_s=0.01, prefill=prefill)
+        )
         try:
             return await environment.run(spec, sample, Ctx(client)), judge  # type: ignore[arg-type]
         finally:

@@ -1,6 +1,6 @@
 """Two settings for weak judges, pinned on the scripted judge (judge_double.py):
 `genrm.score_partial` (a response scored from the comparisons of it that parsed) and
-`judge.answer_prefix` (the verdict's start written for the judge, continued by it)."""
+`judge.prefill` (the verdict's opening written for the judge, continued by it)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,11 @@ def samples(*qualities: int) -> list[Sample]:
     return [Sample(text=f"answer {k} quality={q}") for k, q in enumerate(qualities)]
 
 
-async def run(judge: ScriptedJudge, group: list[Sample], prefix: str = "", **genrm: object) -> list:
+async def run(
+    judge: ScriptedJudge, group: list[Sample], prefill: bool = False, **genrm: object
+) -> list:
     async with serve_judge(judge) as url:
-        config = JudgeConfig(base_url=url, cache_size=0, backoff_s=0.01, answer_prefix=prefix)
+        config = JudgeConfig(base_url=url, cache_size=0, backoff_s=0.01, prefill=prefill)
         client = JudgeClient(config)
         try:
             return await ENV.run_group(ENV.parse_row(ROW), group, Ctx(client, GenRMConfig(**genrm)))
@@ -71,14 +73,14 @@ async def test_partial_still_fails_a_response_no_comparison_scored() -> None:
         assert "2 of 2 judge comparisons failed" in r.failure_reason
 
 
-async def test_answer_prefix_is_a_prefill_the_judge_continues() -> None:
+async def test_prefill_is_an_opening_the_judge_continues() -> None:
     def continuation(text: str) -> str:  # the judge writes only what follows the prefill
         full = verdict_by_quality(text)
         assert full.startswith(PREFIX)
         return full[len(PREFIX) :]
 
     judge = ScriptedJudge(answer=continuation)
-    results = await run(judge, samples(4, 2), prefix=PREFIX, swap_order=False)
+    results = await run(judge, samples(4, 2), prefill=True, swap_order=False)
     assert [r.reward for r in results] == [4.0, 2.0]
     (request,) = judge.requests
     assert request["messages"][-1] == {"role": "assistant", "content": PREFIX}

@@ -377,7 +377,7 @@ async def test_openai_completions_ignore_eos(harness: Harness) -> None:
 
 
 async def test_openai_chat_continue_final_message(harness: Harness) -> None:
-    """vLLM's chat extension for a prefilled answer (the judge's `answer_prefix`): the
+    """vLLM's chat extension for a prefilled answer (the judge's `prefill`): the
     prompt ends with the assistant's started message, no end-of-turn after it; a request
     that cannot mean that is refused naming the field."""
     import openai

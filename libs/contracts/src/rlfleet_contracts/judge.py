@@ -41,11 +41,10 @@ class JudgeModelConfig(ConfigModel):
     """Tokens the judge may write per comparison (a reasoning GenRM needs thousands)."""
     request_timeout_s: float = Field(60.0, gt=0, le=3600)
     """Deadline of one judge call (the gateway's `judge.request_timeout_s`)."""
-    answer_prefix: str = Field("", max_length=256)
-    """The start of each judge answer, written for it (the gateway's `judge.answer_prefix`:
-    a prefill the judge continues, through vLLM's `continue_final_message`, which our
-    rollout's OpenAI face honours). For small judges that do not begin a verdict on their
-    own; "" = none."""
+    prefill: bool = False
+    """Write the start of each verdict for the judge (the gateway's `judge.prefill`: a
+    prefill it continues, through vLLM's `continue_final_message`, which our rollout's
+    OpenAI face honours). For small judges that do not begin a verdict on their own."""
     genrm: dict[str, Any] = Field(default_factory=dict)
     """The gateway's `genrm.*` settings (comparison strategy, order swap, prompt format,
     length and style adjustments; services/reward/README.md, "Judge and GenRM").

@@ -49,8 +49,12 @@ from rlfleet_pipeline.stage import (
     stage_services,
 )
 
-JUDGE_ENVS = frozenset({"genrm_compare"})
-"""Environments that ask the reward gateway's judge (`judge.base_url`)."""
+GROUP_JUDGE_ENVS = frozenset({"genrm_compare"})
+"""Judge environments that score a prompt's responses against each other."""
+JUDGE_ENVS = GROUP_JUDGE_ENVS | {"safety"}
+"""Environments that always ask the reward gateway's judge (`judge.base_url`); rows of
+`multi_challenge` (question items) and `single_step_tool_use_with_argument_comparison`
+(`judge_arguments`) ask it only when they say so."""
 
 # ${VAR:-default} in a compose command: the value the launcher sets, else the default.
 _COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -166,10 +170,11 @@ def wiring_problem(recipe: RecipeConfig, plan: dict[str, list[str]]) -> str | No
         )
     g = recipe.grpo
     validates = g.val_at_start or g.val_at_end or g.val_every_steps
-    if judged and validates and g.val_samples_per_prompt < 2:
+    grouped = sorted(GROUP_JUDGE_ENVS.intersection(judged))
+    if grouped and validates and g.val_samples_per_prompt < 2:
         return (
             f"grpo.val_samples_per_prompt ({g.val_samples_per_prompt}) must be >= 2: "
-            f"{', '.join(judged)} scores a prompt's responses against each other (a group "
+            f"{', '.join(grouped)} scores a prompt's responses against each other (a group "
             "of one is refused); set grpo.val_samples_per_prompt=2"
         )
     if SWE_AGENT_ENV in recipe.multi_turn.envs and not _has_value(

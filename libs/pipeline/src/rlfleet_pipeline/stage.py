@@ -87,7 +87,7 @@ def judge_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
         f"judge.top_p={j.top_p:g}",
         f"judge.max_tokens={j.max_tokens}",
         f"judge.request_timeout_s={j.request_timeout_s:g}",
-        *([format_override("judge.answer_prefix", j.answer_prefix)] if j.answer_prefix else []),
+        f"judge.prefill={'true' if j.prefill else 'false'}",
         *(f"genrm.{key}={format_value(value)}" for key, value in j.genrm.items()),
     ]
     if not j.served:

@@ -65,6 +65,9 @@ INSTRUCTIONS = (
 )
 
 
+VERDICT_OPENING = '{"score_1": '
+"""How a verdict starts: written for the judge with `judge.prefill`."""
+
 ANSWER_FORMAT = (
     'Answer with one JSON object: {"score_1": <1-5>, "score_2": <1-5>, "ranking": <1-6>}'
 )
@@ -167,7 +170,10 @@ class GenRMCompareEnvironment(GroupEnvironment):
         # in the cache): every result's `info.judge_calls`, the trainer's GenRM throughput.
         asked = sum(
             not judge.cached(
-                judge_messages(spec, principle, samples[i].text, samples[j].text, cfg.prompt_format)
+                judge_messages(
+                    spec, principle, samples[i].text, samples[j].text, cfg.prompt_format
+                ),
+                VERDICT_OPENING,
             )
             for i, j in orders
         )
@@ -257,7 +263,9 @@ class GenRMCompareEnvironment(GroupEnvironment):
         if left <= 0:
             return "no time left in the budget for this comparison"
         try:
-            return Comparison(first, second, await judge.chat(messages, left, parse_verdict))
+            return Comparison(
+                first, second, await judge.chat(messages, left, parse_verdict, VERDICT_OPENING)
+            )
         except JudgeError as exc:
             return str(exc)
         except VerdictError as exc:

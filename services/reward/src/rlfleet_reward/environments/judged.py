@@ -24,6 +24,9 @@ from rlfleet_reward.types import FailureKind, RowError, Score, failure
 T = TypeVar("T")
 
 NO_JUDGE = "no judge is configured on this gateway (set judge.base_url)"
+LABEL_OPENING = "[["
+"""How a label verdict (`[[YES]]`, `[[REFUSED]]`...) starts: written for the judge with
+`judge.prefill`."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ async def ask_judge(
     messages: list[dict[str, str]],
     parse: Callable[[str], T],
     deadline: float,
+    opening: str = LABEL_OPENING,
 ) -> T | JudgeFailed:
     """`parse` of the judge's answer, or why there is none (no judge, no time, no answer,
     an answer that is not a verdict: the last counted in the parse-failure metric)."""
@@ -87,7 +91,7 @@ async def ask_judge(
     if left <= 0:
         return JudgeFailed("no time left in the budget to ask the judge")
     try:
-        return await judge.chat(messages, left, parse)
+        return await judge.chat(messages, left, parse, opening)
     except JudgeError as exc:
         return JudgeFailed(str(exc))
     except VerdictError as exc:

@@ -75,10 +75,11 @@ class JudgeClient:
         self.calls = 0
         """HTTP attempts made (for tests and reports; the metric has the outcomes)."""
 
-    def _body(self, messages: Messages) -> dict[str, Any]:
+    def _body(self, messages: Messages, opening: str = "") -> dict[str, Any]:
         c = self.config
-        if c.answer_prefix:  # a prefill the judge continues (vLLM's chat extension)
-            messages = [*messages, {"role": "assistant", "content": c.answer_prefix}]
+        prefill = opening if c.prefill else ""
+        if prefill:  # the verdict's start, which the judge continues (vLLM's chat extension)
+            messages = [*messages, {"role": "assistant", "content": prefill}]
         body: dict[str, Any] = {
             "model": c.model,
             "messages": messages,
@@ -89,7 +90,7 @@ class JudgeClient:
         }
         if c.seed is not None:
             body["seed"] = c.seed
-        if c.answer_prefix:
+        if prefill:
             body["add_generation_prompt"] = False
             body["continue_final_message"] = True
         return body
@@ -99,16 +100,20 @@ class JudgeClient:
         """Model + messages + every sampling parameter: a change in any is a new call."""
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
-    def cached(self, messages: Messages) -> bool:
-        """Whether `chat(messages)` would be answered from the cache, without a judge call."""
-        return self.cache_key(self._body(messages)) in self._cache
+    def cached(self, messages: Messages, opening: str = "") -> bool:
+        """Whether `chat(messages, ...)` would be answered from the cache, without a call."""
+        return self.cache_key(self._body(messages, opening)) in self._cache
 
-    async def chat(self, messages: Messages, timeout_s: float, parse: Callable[[str], T]) -> T:
-        """`parse` of the judge's answer text (`judge.answer_prefix` + choices[0].message.content)
-        within `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:
+    async def chat(
+        self, messages: Messages, timeout_s: float, parse: Callable[[str], T], opening: str = ""
+    ) -> T:
+        """`parse` of the judge's answer text (choices[0].message.content; after `opening`,
+        the verdict's start, when `judge.prefill` wrote it for the judge) within
+        `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:
         a retried group asks again what failed instead of replaying the failure."""
         deadline = time.monotonic() + timeout_s
-        body = self._body(messages)
+        body = self._body(messages, opening)
+        prefill = opening if self.config.prefill else ""
         key = self.cache_key(body)
         if key in self._cache:
             self._cache.move_to_end(key)
@@ -117,7 +122,7 @@ class JudgeClient:
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._slots:
-                    text = self.config.answer_prefix + await self._with_retries(body, deadline)
+                    text = prefill + await self._with_retries(body, deadline)
         except TimeoutError:
             JUDGE_CALLS.labels("timeout").inc()
             raise JudgeError(f"the judge did not answer within {timeout_s:.1f}s") from None

@@ -72,12 +72,13 @@ class JudgeConfig(ConfigModel):
     """Nucleus sampling (NeMo-Gym's super3 RLHF GenRM setting)."""
     seed: int | None = None
     """Sent as `seed` when set (reproducible sampling, where the endpoint honours it)."""
-    answer_prefix: str = Field("", max_length=256)
-    """The start of the judge's answer, written for it: sent as a last assistant message
-    with `continue_final_message: true` and `add_generation_prompt: false` (vLLM's chat
-    extension, which our rollout's OpenAI face honours; other endpoints may not), and put
-    before the answer that is parsed. For small judges that do not begin a verdict on their
-    own, e.g. `{"score_1": ` for genrm_compare. "" = none."""
+    prefill: bool = False
+    """Write the start of each verdict for the judge, which continues it: the environment's
+    opening (`genrm_compare`: `{"score_1": `; the label environments: `[[`) is sent as a
+    last assistant message with `continue_final_message: true`, `add_generation_prompt:
+    false` (vLLM's chat extension, which our rollout's OpenAI face honours; other endpoints
+    may not) and parsed with the answer. For small judges that do not begin a verdict on
+    their own; not for judges that reason first."""
     max_answer_chars: int = Field(1 << 20, ge=1024)
     """Largest judge reply body read; a bigger one is a failure, not a memory spike."""
 
