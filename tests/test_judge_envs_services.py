@@ -57,6 +57,8 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
                 f"judge.base_url={judge}/v1",
                 "judge.temperature=0",
                 "judge.max_tokens=60",
+                # the label opening `[[` written for it: the 135M judge wrote prose otherwise
+                "judge.prefill=true",
                 "judge.cache_size=0",
                 "judge.request_timeout_s=240",  # a shared 2-core machine: slow CPU calls
             ],
