@@ -11,13 +11,8 @@ from typing import Any
 import pytest
 from pydantic import Field, field_validator
 from rlfleet_core.config import ConfigError, ConfigModel, format_override, load_config
-from rlfleet_core.overrides import (
-    OverrideError,
-    format_value,
-    parse_override,
-    parse_value,
-    quote_value,
-)
+from rlfleet_core.override_values import format_value, quote_value
+from rlfleet_core.overrides import OverrideError, parse_override, parse_value
 
 
 class Inner(ConfigModel):

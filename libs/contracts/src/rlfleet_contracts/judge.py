@@ -37,6 +37,7 @@ class JudgeModelConfig(ConfigModel):
     temperature: float = Field(0.6, ge=0, le=2)
     """Judge sampling temperature (NeMo-Gym's super3 RLHF GenRM setting)."""
     top_p: float = Field(0.95, gt=0, le=1)
+    """Judge nucleus sampling (NeMo-Gym's super3 RLHF GenRM setting)."""
     max_tokens: int = Field(1024, ge=1)
     """Tokens the judge may write per comparison (a reasoning GenRM needs thousands)."""
     request_timeout_s: float = Field(60.0, gt=0, le=3600)

@@ -19,12 +19,11 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from rlfleet_core.override_values import format_override, format_value
 from rlfleet_core.overrides import (
     OverrideError,
     apply_overrides,
     deep_merge,
-    format_override,
-    format_value,
     parse_override,
 )
 

@@ -16,7 +16,7 @@ from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.auth import TOKEN_FILE_ENV
 from rlfleet_core.config import dump_yaml, format_override, format_value
 from rlfleet_core.models import BUNDLED_MODELS
-from rlfleet_core.overrides import quote_value
+from rlfleet_core.override_values import quote_value
 
 from rlfleet_pipeline.fleet import LocalFleet
 from rlfleet_pipeline.launch.compose import (
