@@ -26,6 +26,9 @@ GOOD = {
 def test_env_reference_forms() -> None:
     assert env_of(GOOD) == "math"
     assert env_of({"env": "mcqa", "agent_ref": {"name": "math"}}) == "mcqa"
+    # the judge servers (issue 17): both safety servers are our `safety`
+    assert env_of({"agent_ref": {"name": "over_refusal_detection"}}) == "safety"
+    assert env_of({"agent_ref": {"name": "jailbreakv28k_transfer_llm_agent"}}) == "safety"
     assert env_of({}) == ""
 
 
@@ -116,6 +119,8 @@ def test_nemo_gym_agent_and_server_names_map_to_environments() -> None:
         "instruction_following",
         "reasoning_gym",
         "code",
+        "safety",
+        "single_step_tool_use_with_argument_comparison",
     }
 
 

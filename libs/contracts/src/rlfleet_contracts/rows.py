@@ -51,8 +51,9 @@ class SourceRow:
 # (`agent_ref.name` in older rows, `task_source` in what `ng_prepare_data` 0.7 writes), and
 # each agent fronts one resources server; both kinds of name are listed. Taken from
 # nemo-gym 0.7.0's resources_servers/<server>/configs/*.yaml; docs/reward.md has the table.
-# Not mapped: single_step_tool_use_with_argument_comparison (its expected action may be a
-# plain message, which our `tool_use` cannot express) and servers we have no environment for.
+# The judge servers: over_refusal_detection and jailbreak_detection are both our `safety`
+# (its category read from the row's `safe_prompt` / `adversarial_prompt`; jailbreak agents
+# from its nemotron_combined_reward config). Servers we have no environment for: not mapped.
 NEMO_GYM_SERVERS: dict[str, tuple[str, tuple[str, ...]]] = {
     # resources server: (our environment, the agent names its configs declare)
     "math_with_judge": ("math", ("math_with_judge_simple_agent",)),
@@ -82,6 +83,15 @@ NEMO_GYM_SERVERS: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "code_gen": ("code", ("code_gen_simple_agent",)),
+    "over_refusal_detection": ("safety", ()),
+    "jailbreak_detection": (
+        "safety",
+        ("jbb_behaviors_judge_comparison_agent", "jailbreakv28k_transfer_llm_agent"),
+    ),
+    "single_step_tool_use_with_argument_comparison": (
+        "single_step_tool_use_with_argument_comparison",
+        (),
+    ),
 }
 
 NEMO_GYM_NAMES: dict[str, str] = {
