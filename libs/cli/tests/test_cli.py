@@ -43,6 +43,16 @@ def test_help_lists_the_commands() -> None:
         assert command in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [(("rl", "--help"), "[default: runs/<stage>]"), (("serve", "--help"), "[default: 127.0.0.1]")],
+)
+def test_help_shows_defaults_written_in_brackets(command: tuple[str, ...], shown: str) -> None:
+    """Rich reads `[...]` as markup and dropped these two defaults from --help."""
+    result = rlfleet(*command, env={"COLUMNS": "300"})
+    assert result.returncode == 0 and shown in result.stdout
+
+
 def test_version_lists_every_package() -> None:
     result = rlfleet("version")
     assert result.returncode == 0

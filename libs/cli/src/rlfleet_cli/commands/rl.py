@@ -41,7 +41,7 @@ def rl(
         ),
     ] = False,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Run folder [default: runs/<stage>].")
+        Path | None, typer.Option("--out", help="Run folder \\[default: runs/<stage>].")
     ] = None,
     resume: Annotated[
         bool, typer.Option(help="Continue the stage from its latest checkpoint.")

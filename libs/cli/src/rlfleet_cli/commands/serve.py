@@ -68,7 +68,7 @@ def serve(
             "and the service's own API). Off if unset."
         ),
     ] = None,
-    host: Annotated[str | None, typer.Option(help="Bind address.  [default: 127.0.0.1]")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address.  \\[default: 127.0.0.1]")] = None,
     port_file: Annotated[
         Path | None,
         typer.Option(
