@@ -23,6 +23,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
 TURN_1 = f"Let me add.{CALL}"
 TURN_2 = "The sum is 3."
+TURN_3 = '<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>'  # botched
 TOOLS = [
     {
         "type": "function",
@@ -48,7 +49,7 @@ ANSWERED = [
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def base_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     script = tmp_path_factory.mktemp("script") / "turns.jsonl"
-    script.write_text("".join(json.dumps({"text": t}) + "\n" for t in (TURN_1, TURN_2)))
+    script.write_text("".join(json.dumps({"text": t}) + "\n" for t in (TURN_1, TURN_2, TURN_3)))
     overrides = ["engine=scripted", f"script_path={script}", "model=tiny"]
     async with running_service(SERVICE, overrides, http=True) as running:
         yield f"http://127.0.0.1:{running.http_port}"
@@ -140,6 +141,22 @@ async def test_tool_calls_are_parsed(base_url: str) -> None:
     fc = response.output[1]
     assert fc.name == "add" and json.loads(fc.arguments) == {"a": 1, "b": 2}
     assert follow.output_text == TURN_2
+
+
+async def test_a_botched_tool_call_stays_content(base_url: str) -> None:
+    """A turn whose `<tool_call>` block is not a valid call comes back as plain content
+    (finish_reason stop), as vLLM's parsers do, not as a 500 or an empty answer."""
+    messages = [
+        *ANSWERED,
+        {"role": "assistant", "content": TURN_2},
+        {"role": "user", "content": "?"},
+    ]
+    chat = await asyncio.to_thread(
+        _client(base_url).chat.completions.create, model="tiny", messages=messages, tools=TOOLS
+    )
+    choice = chat.choices[0]
+    assert choice.message.content == TURN_3 and choice.message.tool_calls is None
+    assert choice.finish_reason == "stop"
 
 
 async def test_top_logprobs(base_url: str) -> None:
