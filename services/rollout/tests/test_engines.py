@@ -353,8 +353,8 @@ async def test_openai_client_models_chat_completions_responses(harness: Harness)
 
 async def test_openai_completions_ignore_eos(harness: Harness) -> None:
     """vLLM's `ignore_eos` extra parameter is a known field of the completions body: it
-    runs the sample to max_tokens, and a value that is no boolean is refused naming it
-    (before, the body's extra fields were ignored whatever they held)."""
+    runs the sample to max_tokens, and a value that is no boolean is refused (400, as
+    OpenAI and vLLM answer a malformed body) naming it."""
     import openai
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{harness.http_port}/v1", api_key="unused")
@@ -371,9 +371,44 @@ async def test_openai_completions_ignore_eos(harness: Harness) -> None:
     forced = await asyncio.to_thread(run, True)
     assert forced.finish_reason == "length"
     assert len((forced.model_extra or {})["generation_token_ids"]) == 40
-    with pytest.raises(openai.UnprocessableEntityError) as info:
+    with pytest.raises(openai.BadRequestError) as info:
         await asyncio.to_thread(run, "maybe")
     assert "ignore_eos" in info.value.response.text
+
+
+async def test_openai_top_logprobs_match_reference(harness: Harness) -> None:
+    """Chat's `top_logprobs` and completions' `logprobs: k` are the model's k most likely
+    tokens per position, most likely first, with the raw logprobs of the HF reference."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{harness.http_port}/v1", api_key="unused")
+    chat, completion = await asyncio.to_thread(
+        lambda: (
+            client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=4,
+                temperature=0,
+                logprobs=True,
+                top_logprobs=5,
+            ),
+            client.completions.create(
+                model="tiny", prompt="The answer", max_tokens=4, temperature=0, logprobs=3
+            ),
+        )
+    )
+    extra = chat.choices[0].message.model_extra or {}
+    prompt, tokens = extra["prompt_token_ids"], extra["generation_token_ids"]
+    with torch.no_grad():
+        logits = harness.reference(input_ids=torch.tensor([prompt + tokens])).logits[0]
+    want = torch.log_softmax(logits.float(), -1).topk(5).values[len(prompt) - 1 : -1]
+    content = chat.choices[0].logprobs.content
+    assert len(content) == len(tokens) > 0
+    for entry, row in zip(content, want.tolist(), strict=True):
+        _assert_close([a.logprob for a in entry.top_logprobs], row)
+        assert abs(entry.logprob - entry.top_logprobs[0].logprob) <= 1e-4  # greedy: the top
+    top = completion.choices[0].logprobs.top_logprobs
+    assert top and all(len(by_token) <= 3 for by_token in top)  # pieces may decode alike
 
 
 async def test_openai_chat_continue_final_message(harness: Harness) -> None:

@@ -5,7 +5,8 @@ Text is tokenized here, once, with the model's own tokenizer and chat template; 
 only see token ids. Like NeMo-Gym's model server, each choice (chat: the message;
 responses: the output message item) also carries `prompt_token_ids`,
 `generation_token_ids` and `generation_log_probs`, so an agent's trajectory can be
-trained on without re-tokenizing. Streaming (`stream: true`) is not offered.
+trained on without re-tokenizing. Streaming is in `openai_stream`, the request bodies
+(every field declared; unknown ones refused) in `openai_bodies`.
 """
 
 from __future__ import annotations
@@ -15,61 +16,31 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
 from rlfleet_core.errors import InvalidArgument, ServiceError
 
-from rlfleet_rollout import metrics
+from rlfleet_rollout import metrics, openai_stream
 from rlfleet_rollout.engines.base import Engine
+from rlfleet_rollout.openai_bodies import (
+    ChatBody,
+    CompletionBody,
+    DetokenizeBody,
+    ResponsesBody,
+    TokenizeBody,
+    check_unsupported,
+    tool_choice_on,
+)
+from rlfleet_rollout.openai_messages import (
+    chat_tool,
+    response_messages,
+    template_message,
+    tool_calls,
+    training_fields,
+    usage_of,
+)
 from rlfleet_rollout.types import FinishReason, GenerateInput, Sample, SamplingConfig
 from rlfleet_rollout.validation import check_prompt
-
-
-class _Body(BaseModel):
-    # Unknown OpenAI fields (user, metadata, ...) are accepted and ignored.
-    model_config = ConfigDict(extra="allow")
-
-    model: str = ""
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    ignore_eos: bool = False
-    """vLLM's extra sampling parameter: generate max_tokens even past end-of-sequence."""
-
-
-class CompletionBody(_Body):
-    prompt: str | list[int] | list[str] = ""
-    logprobs: int | None = None
-
-
-class ChatBody(_Body):
-    messages: list[dict[str, Any]] = []
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    tools: list[dict[str, Any]] | None = None
-    add_generation_prompt: bool = True
-    """vLLM's chat extension: open an assistant turn after the messages."""
-    continue_final_message: bool = False
-    """vLLM's chat extension: the last message is a started assistant answer (a prefill)
-    that the model continues; needs `add_generation_prompt: false`."""
-
-
-class ResponsesBody(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = ""
-    input: str | list[dict[str, Any]] = ""
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    tools: list[dict[str, Any]] | None = None
-    stream: bool = False
 
 
 def _error(
@@ -79,19 +50,6 @@ def _error(
         status_code=status,
         content={"error": {"message": message, "type": kind, "param": param, "code": None}},
     )
-
-
-def _text(content: Any) -> str:
-    """Message content as text: a string, or the text parts of a list of parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
-            parts.append(str(part.get("text", "")))
-    return "".join(parts)
 
 
 class OpenAIFace:
@@ -119,10 +77,7 @@ class OpenAIFace:
     ) -> list[int]:
         if not messages:
             raise InvalidArgument("messages", "must not be empty")
-        plain = [
-            {"role": str(m.get("role", "user")), "content": _text(m.get("content"))}
-            for m in messages
-        ]
+        plain = [template_message(m) for m in messages]
         if continue_final_message:
             if add_generation_prompt:
                 raise InvalidArgument(
@@ -144,7 +99,10 @@ class OpenAIFace:
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
-    async def _run(self, ids: list[int], body: Any, max_tokens: int | None, n: int) -> list[Sample]:
+    async def _run(
+        self, ids: list[int], body: Any, max_tokens: int | None, n: int, top: int = 0
+    ) -> list[Sample]:
+        check_unsupported(body)
         check_prompt(ids, self.engine.vocab_size, self.engine.max_model_len, "prompt")
         room = self.engine.max_model_len - len(ids)
         if max_tokens is not None and max_tokens <= 0:
@@ -155,14 +113,24 @@ class OpenAIFace:
             raise InvalidArgument("temperature", f"must be >= 0, got {body.temperature}")
         stop = getattr(body, "stop", None)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        stop_ids = tuple(getattr(body, "stop_token_ids", None) or ())
+        if stop_ids:
+            check_prompt(list(stop_ids), self.engine.vocab_size, 1 << 30, "stop_token_ids")
+        min_tokens = getattr(body, "min_tokens", 0)
+        if min_tokens < 0:
+            raise InvalidArgument("min_tokens", f"must be >= 0, got {min_tokens}")
         sampling = SamplingConfig(
             max_tokens=min(max_tokens or room, room),
             temperature=body.temperature,
             top_p=body.top_p if 0 < body.top_p <= 1 else 1.0,
             top_k=getattr(body, "top_k", -1),
+            min_tokens=min_tokens,
             stop=stops,
+            stop_token_ids=stop_ids,
             seed=getattr(body, "seed", None),
             ignore_eos=bool(getattr(body, "ignore_eos", False)),
+            repetition_penalty=getattr(body, "repetition_penalty", 1.0),
+            top_logprobs=top,
         )
         request = GenerateInput(
             request_id=f"http-{uuid.uuid4().hex[:16]}",
@@ -176,39 +144,27 @@ class OpenAIFace:
             metrics.record_sample(sample, "http")
         return sorted(samples, key=lambda s: s.index)
 
+    def _piece(self, token: int) -> str:
+        return str(self.tokenizer.decode([token]))
+
     def _tokens_logprobs(self, sample: Sample) -> list[dict[str, Any]]:
         out = []
-        for token, logprob in zip(sample.token_ids, sample.logprobs, strict=True):
-            piece = self.tokenizer.decode([token])
+        tops = sample.top_logprobs or [[] for _ in sample.token_ids]
+        for token, logprob, top in zip(sample.token_ids, sample.logprobs, tops, strict=True):
+            piece = self._piece(token)
+            alternatives = []
+            for t, lp in top:
+                alt = self._piece(t)
+                alternatives.append({"token": alt, "logprob": lp, "bytes": list(alt.encode())})
             out.append(
                 {
                     "token": piece,
                     "logprob": logprob,
                     "bytes": list(piece.encode()),
-                    "top_logprobs": [],
+                    "top_logprobs": alternatives,
                 }
             )
         return out
-
-    @staticmethod
-    def _usage(samples: list[Sample]) -> dict[str, int]:
-        prompt = len(samples[0].prompt_token_ids) if samples else 0
-        completion = sum(len(s.token_ids) for s in samples)
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-
-    @staticmethod
-    def _training_fields(sample: Sample) -> dict[str, Any]:
-        return {
-            "prompt_token_ids": list(sample.prompt_token_ids),
-            "generation_token_ids": list(sample.token_ids),
-            "generation_log_probs": list(sample.logprobs),
-            "weight_version_first": sample.weight_version_first,
-            "weight_version_last": sample.weight_version_last,
-        }
 
     # ------------------------------------------------------------------ routes
 
@@ -240,18 +196,30 @@ class OpenAIFace:
         else:
             ids = [int(i) for i in prompt]
         samples = await self._run(
-            ids, body, body.max_tokens if body.max_tokens is not None else 16, body.n
+            ids,
+            body,
+            body.max_tokens if body.max_tokens is not None else 16,
+            body.n,
+            top=body.logprobs or 0,
         )
         choices = []
         for s in samples:
             logprobs = None
             if body.logprobs is not None:
-                pieces = [self.tokenizer.decode([t]) for t in s.token_ids]
+                entries = self._tokens_logprobs(s)
+                offsets, at = [], 0
+                for e in entries:
+                    offsets.append(at)
+                    at += len(e["token"])
                 logprobs = {
-                    "tokens": pieces,
+                    "tokens": [e["token"] for e in entries],
                     "token_logprobs": s.logprobs,
-                    "top_logprobs": None,
-                    "text_offset": [],
+                    "top_logprobs": [
+                        {a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries
+                    ]
+                    if body.logprobs
+                    else None,
+                    "text_offset": offsets,
                 }
             choices.append(
                 {
@@ -259,7 +227,7 @@ class OpenAIFace:
                     "text": s.text,
                     "finish_reason": s.finish_reason.value,
                     "logprobs": logprobs,
-                    **self._training_fields(s),
+                    **training_fields(s),
                 }
             )
         return {
@@ -268,23 +236,34 @@ class OpenAIFace:
             "created": int(time.time()),
             "model": self.model_id,
             "choices": choices,
-            "usage": self._usage(samples),
+            "usage": usage_of(samples),
         }
 
     async def chat(self, body: ChatBody) -> dict[str, Any]:
         self._check_model(body.model)
+        parse_tools = tool_choice_on(body.tools, body.tool_choice)
         ids = self._chat_ids(
             body.messages, body.tools, body.add_generation_prompt, body.continue_final_message
         )
-        samples = await self._run(ids, body, body.max_completion_tokens or body.max_tokens, body.n)
+        top = (body.top_logprobs or 0) if body.logprobs else 0
+        samples = await self._run(
+            ids, body, body.max_completion_tokens or body.max_tokens, body.n, top
+        )
         choices = []
         for s in samples:
-            message = {"role": "assistant", "content": s.text, **self._training_fields(s)}
+            content, calls = tool_calls(s.text) if parse_tools else (s.text, [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            message.update(training_fields(s))
+            finish = s.finish_reason.value
+            if calls and s.finish_reason == FinishReason.STOP:
+                finish = "tool_calls"
             choices.append(
                 {
                     "index": s.index,
                     "message": message,
-                    "finish_reason": s.finish_reason.value,
+                    "finish_reason": finish,
                     "logprobs": {"content": self._tokens_logprobs(s)} if body.logprobs else None,
                 }
             )
@@ -294,36 +273,48 @@ class OpenAIFace:
             "created": int(time.time()),
             "model": self.model_id,
             "choices": choices,
-            "usage": self._usage(samples),
+            "usage": usage_of(samples),
         }
 
     async def responses(self, body: ResponsesBody) -> dict[str, Any]:
         self._check_model(body.model)
-        messages: list[dict[str, Any]] = []
-        if body.instructions:
-            messages.append({"role": "system", "content": body.instructions})
-        if isinstance(body.input, str):
-            messages.append({"role": "user", "content": body.input})
-        else:
-            for item in body.input:
-                if item.get("type", "message") == "message" and "role" in item:
-                    messages.append({"role": item["role"], "content": _text(item.get("content"))})
-                elif item.get("type") == "function_call_output":
-                    messages.append({"role": "tool", "content": str(item.get("output", ""))})
-        ids = self._chat_ids(messages, body.tools)
+        parse_tools = tool_choice_on(body.tools, body.tool_choice)
+        tools = [chat_tool(t) for t in body.tools or []]
+        ids = self._chat_ids(response_messages(body), tools)
         (sample,) = await self._run(ids, body, body.max_output_tokens, 1)
         truncated = sample.finish_reason == FinishReason.LENGTH
-        item = {
-            "type": "message",
-            "id": f"msg_{uuid.uuid4().hex}",
-            "role": "assistant",
-            "status": "completed",
-            "content": [
-                {"type": "output_text", "text": sample.text, "annotations": [], "logprobs": []}
-            ],
-            **self._training_fields(sample),
-        }
-        usage = self._usage([sample])
+        content, calls = tool_calls(sample.text) if parse_tools else (sample.text, [])
+        output: list[dict[str, Any]] = []
+        if content is not None or not calls:
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{uuid.uuid4().hex}",
+                    "role": "assistant",
+                    "status": "incomplete" if truncated else "completed",
+                    "content": [
+                        {
+                            "type": "output_text",
+                            "text": content or "",
+                            "annotations": [],
+                            "logprobs": [],
+                        }
+                    ],
+                }
+            )
+        for call in calls:
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{uuid.uuid4().hex}",
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                    "status": "completed",
+                }
+            )
+        output[-1].update(training_fields(sample))
+        usage = usage_of([sample])
         return {
             "id": f"resp_{uuid.uuid4().hex}",
             "object": "response",
@@ -333,12 +324,12 @@ class OpenAIFace:
             "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
             "error": None,
             "instructions": body.instructions,
-            "metadata": {},
-            "output": [item],
-            "parallel_tool_calls": False,
+            "metadata": body.metadata or {},
+            "output": output,
+            "parallel_tool_calls": bool(body.parallel_tool_calls),
             "temperature": body.temperature,
             "top_p": body.top_p,
-            "tool_choice": "auto",
+            "tool_choice": body.tool_choice or "auto",
             "tools": body.tools or [],
             "max_output_tokens": body.max_output_tokens,
             "usage": {
@@ -349,6 +340,33 @@ class OpenAIFace:
                 "output_tokens_details": {"reasoning_tokens": 0},
             },
         }
+
+    async def tokenize(self, body: TokenizeBody) -> dict[str, Any]:
+        self._check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidArgument("prompt", "give exactly one of prompt and messages")
+        if body.messages is not None:
+            ids = self._chat_ids(
+                body.messages, body.tools, body.add_generation_prompt, body.continue_final_message
+            )
+            if body.add_special_tokens and self.tokenizer.bos_token_id is not None:
+                ids = [int(self.tokenizer.bos_token_id), *ids]
+        else:
+            special = True if body.add_special_tokens is None else body.add_special_tokens
+            ids = [int(i) for i in self.tokenizer.encode(body.prompt, add_special_tokens=special)]
+        return {
+            "count": len(ids),
+            "max_model_len": self.engine.max_model_len,
+            "tokens": ids,
+            "token_strs": self.tokenizer.convert_ids_to_tokens(ids)
+            if body.return_token_strs
+            else None,
+        }
+
+    async def detokenize(self, body: DetokenizeBody) -> dict[str, Any]:
+        self._check_model(body.model)
+        check_prompt(body.tokens, self.engine.vocab_size, 1 << 30, "tokens")
+        return {"prompt": self.tokenizer.decode(body.tokens)}
 
 
 _HTTP_STATUS = {"FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503}
@@ -361,18 +379,16 @@ class _ModelNotFound(Exception):
 
 
 def add_openai_routes(app: FastAPI, face_getter: Any) -> None:
-    """Register the /v1 routes; `face_getter()` returns the OpenAIFace once the engine
-    has started (None before: 503)."""
+    """Register the /v1 routes and /tokenize, /detokenize; `face_getter()` returns the
+    OpenAIFace once the engine has started (None before: 503)."""
 
     async def call(fn_name: str, body: Any = None) -> Any:
         face = face_getter()
         if face is None:
             return _error(503, "the engine is still loading", kind="service_unavailable")
-        if body is not None and getattr(body, "stream", False):
-            return _error(400, "stream=true is not supported; send stream=false", param="stream")
         try:
             fn = getattr(face, fn_name)
-            return await fn(body) if body is not None else fn()
+            result = await fn(body) if body is not None else fn()
         except InvalidArgument as exc:
             return _error(400, exc.message, param=exc.field)
         except _ModelNotFound as exc:
@@ -385,6 +401,9 @@ def add_openai_routes(app: FastAPI, face_getter: Any) -> None:
         except ServiceError as exc:
             status = _HTTP_STATUS.get(exc.code.name, 500)
             return _error(status, exc.message, kind=exc.code.name.lower())
+        if body is not None and getattr(body, "stream", False):
+            return openai_stream.response(fn_name, result, body)
+        return result
 
     @app.get("/v1/models")
     async def list_models() -> Any:
@@ -401,6 +420,24 @@ def add_openai_routes(app: FastAPI, face_getter: Any) -> None:
     @app.post("/v1/responses")
     async def responses(body: ResponsesBody) -> Any:
         return await call("responses", body)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeBody) -> Any:
+        return await call("tokenize", body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeBody) -> Any:
+        return await call("detokenize", body)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # OpenAI and vLLM answer a malformed body with 400 naming the field (FastAPI: 422).
+        first = exc.errors()[0]
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        field = ".".join(loc) or "body"
+        if first.get("type") == "extra_forbidden":
+            return _error(400, f"{field}: unknown or unsupported field", param=field)
+        return _error(400, f"{field}: {first.get('msg', 'invalid')}", param=field)
 
     @app.exception_handler(ValueError)
     async def value_error(request: Request, exc: ValueError) -> JSONResponse:

@@ -43,6 +43,8 @@ class SamplingConfig:
     ignore_eos: bool = False
     seed: int | None = None
     repetition_penalty: float = 1.0
+    top_logprobs: int = 0
+    """Also return the k most likely tokens at each position (raw logprobs; 0 = none)."""
 
     def for_sample(self, index: int) -> SamplingConfig:
         """Sample `index` of a group gets seed + index, so a seeded group is reproducible
@@ -74,6 +76,9 @@ class Sample:
     generation_time_s: float
     text: str = ""
     replica: str = ""
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per position, the `sampling.top_logprobs` most likely (token id, raw logprob),
+    most likely first; empty when none were asked for."""
 
 
 @dataclass(frozen=True)

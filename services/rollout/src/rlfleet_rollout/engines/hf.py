@@ -32,7 +32,7 @@ from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import resolve_dtype
 from rlfleet_rollout.engines.hf_weights import HfWeights
 from rlfleet_rollout.engines.requests import sample_sampling, token_budget
-from rlfleet_rollout.engines.sampling import RowState, choose_tokens
+from rlfleet_rollout.engines.sampling import RowState, choose_tokens, top_logprobs
 from rlfleet_rollout.types import (
     EngineStatus,
     FinishReason,
@@ -59,6 +59,7 @@ class _Row:
     max_new: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: FinishReason | None = None
     text: str = ""
     version_first: int = 0
@@ -303,6 +304,7 @@ class HfEngine(HfWeights):
                 generation_time_s=time.perf_counter() - row.started,
                 text=text,
                 replica=self.replica,
+                top_logprobs=list(row.top),
             )
         )
         with self._cond:
@@ -400,6 +402,8 @@ class HfEngine(HfWeights):
             row = rows[b]
             row.tokens.append(token)
             row.logprobs.append(logprob)
+            if row.sampling.top_logprobs > 0:
+                row.top.append(top_logprobs(logits[b], row.sampling.top_logprobs))
             row.finish = self._finish_reason(row, token)
             if row.finish is not None:
                 self._emit(row)

@@ -88,3 +88,9 @@ def _filtered_probs(logits_SV: torch.Tensor, params: Sequence[SamplingConfig]) -
         sorted_SV = sorted_SV.masked_fill(before_SV >= p_S1, float("-inf"))
         logits_SV = torch.full_like(logits_SV, float("-inf")).scatter(-1, order_SV, sorted_SV)
     return logits_SV.softmax(dim=-1)
+
+
+def top_logprobs(logits_V: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    """The k most likely (token id, raw logprob) of one row, most likely first."""
+    values, ids = torch.log_softmax(logits_V.float(), dim=-1).topk(k)
+    return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]

@@ -127,6 +127,8 @@ class ScriptedEngine:
                 prompt_token_ids=request.prompt_token_ids,
                 token_ids=list(ids),
                 logprobs=[0.0] * len(ids),
+                # The script's token is certain: it alone is the top-k, at logprob 0.
+                top_logprobs=[[(t, 0.0)] for t in ids] if request.sampling.top_logprobs else [],
                 finish_reason=finish,
                 weight_version_first=self._version,
                 weight_version_last=self._version,

@@ -192,7 +192,7 @@ class VllmEngine:
             ignore_eos=s.ignore_eos,
             seed=s.seed,
             repetition_penalty=s.repetition_penalty if s.repetition_penalty > 0 else 1.0,
-            logprobs=0,
+            logprobs=s.top_logprobs,
             # Stop strings need vLLM's incremental detokenizer; text alone is decoded once,
             # when the sample is done (per step, detokenizing 256 samples cost the front end
             # more than an H100's decode step).
@@ -257,9 +257,22 @@ class VllmEngine:
         completion = final.outputs[0] if final is not None else None
         tokens = list(completion.token_ids) if completion is not None else []
         logprobs = []
+        top: list[list[tuple[int, float]]] = []
         if completion is not None and completion.logprobs is not None:
             for pos, token in enumerate(tokens):
                 logprobs.append(float(completion.logprobs[pos][token].logprob))
+                if sampling.top_logprobs > 0:
+                    # vLLM returns the sampled token plus the top k, each with its rank.
+                    ranked = completion.logprobs[pos].items()
+                    best = sorted(
+                        (
+                            (int(t), float(lp.logprob))
+                            for t, lp in ranked
+                            if lp.rank is not None and lp.rank <= sampling.top_logprobs
+                        ),
+                        key=lambda pair: -pair[1],
+                    )
+                    top.append(best[: sampling.top_logprobs])
         reason = _FINISH.get(
             completion.finish_reason if completion else "abort", FinishReason.ABORT
         )
@@ -272,6 +285,7 @@ class VllmEngine:
                 prompt_token_ids=request.prompt_token_ids,
                 token_ids=tokens,
                 logprobs=logprobs,
+                top_logprobs=top,
                 finish_reason=reason,
                 weight_version_first=version,
                 weight_version_last=self._version,
