@@ -397,3 +397,33 @@ async def test_health_follows_the_service_while_running() -> None:
     finally:
         running.stop_event.set()
         await running.done
+
+
+def test_env_overrides_come_before_the_command_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RLFLEET_<SERVICE>_OVERRIDES: how compose hands a stage's settings to a container
+    whose `command:` is fixed; the command line's own overrides still win."""
+    from rlfleet_core.config import ConfigError, load_service_config, overrides_variable
+
+    definition = ServiceDefinition(
+        name="swe-runner", package="rlfleet-core", grpc_services=(), config_model=ServiceConfig,
+        factory=make_service,
+    )  # fmt: skip
+    assert overrides_variable("swe-runner") == "RLFLEET_SWE_RUNNER_OVERRIDES"
+    monkeypatch.setenv(
+        "RLFLEET_SWE_RUNNER_OVERRIDES",
+        '["server.default_timeout_s=7", "server.max_timeout_s=90"]',
+    )
+    cfg = load_service_config(definition, None, ["server.max_timeout_s=80"])
+    assert (cfg.server.default_timeout_s, cfg.server.max_timeout_s) == (7, 80)
+    monkeypatch.setenv("RLFLEET_SWE_RUNNER_OVERRIDES", "")
+    assert load_service_config(definition, None, []).server.default_timeout_s != 7
+    for bad, why in [("[server.port=1", "not JSON"), ('{"a": 1}', "a JSON list")]:
+        monkeypatch.setenv("RLFLEET_SWE_RUNNER_OVERRIDES", bad)
+        with pytest.raises(ConfigError) as info:
+            load_service_config(definition, None, [])
+        (line,) = info.value.lines
+        assert line.startswith("RLFLEET_SWE_RUNNER_OVERRIDES: ") and why in line
+    monkeypatch.setenv("RLFLEET_SWE_RUNNER_OVERRIDES", '["server.nope=1"]')
+    with pytest.raises(ConfigError) as info:
+        load_service_config(definition, None, [])
+    assert "server.nope" in info.value.lines[0]

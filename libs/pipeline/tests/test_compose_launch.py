@@ -26,7 +26,7 @@ args = sys.argv[1:]
 log = os.environ["FAKE_DOCKER_LOG"]
 with open(log, "a") as f:
     keys = ("ROLLOUT_ENGINE", "ROLLOUT_MODEL", "RLFLEET_AUTH_TOKEN_FILE", "REWARD_SANDBOX_TARGET",
-            "REWARD_SWE_TARGET")
+            "REWARD_SWE_TARGET", "REWARD_OVERRIDES", "JUDGE_OVERRIDES", "COMPOSE_PROFILES")
     env = {{k: os.environ.get(k, "") for k in keys}}
     f.write(json.dumps({{"args": args, "env": env}}) + "\\n")
 fail = os.environ.get("FAKE_DOCKER_FAIL", "")
@@ -45,7 +45,7 @@ elif args[:2] == ["image", "inspect"]:
 elif args[:1] == ["compose"]:
     verb = args[5]
     if verb == "config":
-        names = ["sandbox", "reward", "rollout", "swe-runner", "trainer"]
+        names = ["sandbox", "reward", "rollout", "swe-runner", "trainer", "judge"]
         print(json.dumps({{"services": {{s: {{"image": f"rlfleet/{{s}}:latest"}} for s in names}}}}))
     elif verb == "up" and fail == "up":
         sys.stderr.write("Error response from daemon: port is already allocated\\n")
@@ -156,6 +156,9 @@ def test_up_train_down(docker: Path, tmp_path: Path) -> None:
         "RLFLEET_AUTH_TOKEN_FILE": str(token_file),  # compose mounts it as the secret
         "REWARD_SANDBOX_TARGET": "sandbox:50051",
         "REWARD_SWE_TARGET": "",  # an rlvr stage starts no swe-runner
+        "REWARD_OVERRIDES": "[]",  # no stage settings of the gateway's own
+        "JUDGE_OVERRIDES": "[]",
+        "COMPOSE_PROFILES": "",  # the judge's profile stays off
     }
     assert token_file.stat().st_mode & 0o777 == 0o600 and len(token_file.read_text()) > 40
     trainer = json.loads((tmp_path / "trainer.json").read_text())
@@ -244,3 +247,23 @@ def test_dry_run_plan(tmp_path: Path) -> None:
     assert "services.rollout=127.0.0.1:${ROLLOUT_PORT:-50052}" in train
     assert "services.weight_transport=grpc_stream" in train
     assert down.endswith("# unless --keep-up")
+
+
+def test_a_served_judge_is_the_judge_service(docker: Path, tmp_path: Path) -> None:
+    """tiny/rlhf through compose: the `judge` container (profile judge) serves the recipe's
+    judge model, and the gateway gets its address, the fleet token and the stage's judge
+    settings through REWARD_OVERRIDES (its `command:` is fixed)."""
+    rlhf = load_recipe("tiny/rlhf", ["policy.model=smollm2-135m-instruct"])
+    assert run_compose(rlhf, profile(tmp_path), tmp_path / "run", False, engine="hf") == 0
+    up = next(c for c in calls(docker) if c["args"][5:6] == ["up"])  # type: ignore[index]
+    assert up["args"][-3:] == ["reward", "rollout", "judge"]  # type: ignore[index]
+    env = up["env"]
+    assert isinstance(env, dict) and env["COMPOSE_PROFILES"] == "judge"
+    reward = json.loads(env["REWARD_OVERRIDES"])
+    assert reward[:2] == ["judge.base_url=http://judge:8000/v1", "judge.fleet_token=true"]
+    assert "judge.prefill=true" in reward and "genrm.score_partial=true" in reward
+    judge = json.loads(env["JUDGE_OVERRIDES"])
+    assert judge == ["engine=hf", "model=smollm2-135m-instruct", "engine_config.max_model_len=1024"]
+    with pytest.raises(StageError, match=r"judge\.model=/x"):
+        bad = load_recipe("tiny/rlhf", ["policy.model=tiny", "judge.model=/x"])
+        run_compose(bad, profile(tmp_path), tmp_path / "r2", False)

@@ -90,13 +90,16 @@ def test_compose_gives_the_reward_gateway_the_swe_runner() -> None:
     assert sorted(plan) == ["reward", "rollout", "swe-runner"]
     assert "swe.target=swe-runner:50051" in plan["reward"]
     assert "sandbox.target=" in plan["reward"]  # no sandbox in this stage: unset
+    # the episode limits that fit the trainer's deadlines reach the container too
+    # (REWARD_OVERRIDES; before, only the local fleet passed them)
+    assert any(o.startswith("episodes.tool_timeout_s=") for o in plan["reward"])
     assert wiring_problem(swe2, plan) is None
     assert service_problem("reward", plan["reward"], installed_only=False) is None
     rlvr = compose_overrides(load_recipe("test", ["policy.model=tiny"]), ComposeProfile(), "hf")
     assert "sandbox.target=sandbox:50051" in rlvr["reward"] and "swe.target=" in rlvr["reward"]
     dry = launch_plan(swe2, ComposeProfile(project_name="p"), Path("runs/swe2"), "hf")
     up = dry.splitlines()[0]
-    assert "REWARD_SWE_TARGET=swe-runner:50051" in up and "REWARD_SANDBOX_TARGET= " in up
+    assert "REWARD_SWE_TARGET=swe-runner:50051" in up and "REWARD_SANDBOX_TARGET='' " in up
     assert up.endswith("up -d --no-deps --wait --wait-timeout 600 reward rollout swe-runner")
 
 

@@ -11,10 +11,12 @@ values produce one line per problem naming the dotted key, e.g.
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -32,13 +34,21 @@ __all__ = [
     "ConfigModel",
     "deep_merge",
     "dump_yaml",
+    "env_overrides",
     "format_override",
     "format_validation_error",
     "format_value",
     "load_config",
+    "load_service_config",
+    "overrides_variable",
     "parse_overrides",
     "read_yaml",
 ]
+
+if TYPE_CHECKING:  # the loader reads a definition's name and config model only
+    from collections.abc import Sequence
+
+    from rlfleet_core.server import ServiceConfig, ServiceDefinition
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -202,3 +212,50 @@ def format_validation_error(
 def dump_yaml(model: BaseModel) -> str:
     """The fully resolved config as YAML (defaults included), for --dry-run and lineage."""
     return yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False)
+
+
+def overrides_variable(service: str) -> str:
+    """The environment variable holding extra overrides of `service` (a JSON list of
+    `key=value` strings): how a container launcher (compose) passes a stage's settings,
+    which a fixed `command:` cannot carry. `rlfleet-reward` reads RLFLEET_REWARD_OVERRIDES."""
+    return f"RLFLEET_{service.upper().replace('-', '_')}_OVERRIDES"
+
+
+def env_overrides(service: str) -> list[str]:
+    """The overrides in `overrides_variable(service)` ([] when unset or empty)."""
+    name = overrides_variable(service)
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return []
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        message = f"{name}: not JSON ({exc.msg}); expected a list of key=value strings"
+        raise ConfigError([message]) from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError([f"{name}: expected a JSON list of key=value strings"])
+    return value
+
+
+def load_service_config(
+    definition: ServiceDefinition,
+    config_path: str | Path | None,
+    overrides: Sequence[str],
+    port: int | None = None,
+    http_port: int | None = None,
+    host: str | None = None,
+    port_file: str | None = None,
+) -> ServiceConfig:
+    """Config from YAML, then the overrides in RLFLEET_<SERVICE>_OVERRIDES (env_overrides),
+    then `overrides`, with --port/--http-port/--host/--port-file winning."""
+    flags = []
+    if port is not None:
+        flags.append(f"server.port={port}")
+    if http_port is not None:
+        flags.append(f"server.http_port={http_port}")
+    if host is not None:
+        flags.append(format_override("server.host", host))
+    if port_file is not None:
+        flags.append(format_override("server.port_file", port_file))
+    applied = [*env_overrides(definition.name), *overrides, *flags]
+    return load_config(definition.config_model, config_path, applied)

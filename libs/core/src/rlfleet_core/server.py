@@ -29,7 +29,6 @@ import ssl
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import uvicorn
@@ -48,7 +47,7 @@ from rlfleet_core.auth import (
     server_credentials,
     server_token,
 )
-from rlfleet_core.config import ConfigError, ConfigModel, format_override, load_config
+from rlfleet_core.config import ConfigError, ConfigModel, load_service_config
 from rlfleet_core.errors import StartupError
 from rlfleet_core.health import ServiceHealth
 from rlfleet_core.interceptors import ServerInterceptor
@@ -379,28 +378,6 @@ async def serve(definition: ServiceDefinition, config: ServiceConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, running.stop_event.set)
     await running.done
-
-
-def load_service_config(
-    definition: ServiceDefinition,
-    config_path: str | Path | None,
-    overrides: Sequence[str],
-    port: int | None = None,
-    http_port: int | None = None,
-    host: str | None = None,
-    port_file: str | None = None,
-) -> ServiceConfig:
-    """Config from YAML + overrides, with --port/--http-port/--host/--port-file winning."""
-    flags = []
-    if port is not None:
-        flags.append(f"server.port={port}")
-    if http_port is not None:
-        flags.append(f"server.http_port={http_port}")
-    if host is not None:
-        flags.append(format_override("server.host", host))
-    if port_file is not None:
-        flags.append(format_override("server.port_file", port_file))
-    return load_config(definition.config_model, config_path, [*overrides, *flags])
 
 
 def run_service_blocking(definition: ServiceDefinition, config: ServiceConfig) -> int:

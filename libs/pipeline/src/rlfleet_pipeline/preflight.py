@@ -25,22 +25,23 @@ from pathlib import Path
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import env_of
 from rlfleet_contracts.startup import start_problem
-from rlfleet_core.config import ConfigError, format_override, read_yaml
-from rlfleet_core.server import load_service_config
+from rlfleet_core.config import (
+    ConfigError,
+    format_override,
+    load_service_config,
+    overrides_variable,
+    read_yaml,
+)
 
 from rlfleet_pipeline.fleet import wiring
-from rlfleet_pipeline.launch.compose import (
-    ROLLOUT_ENGINE_VAR,
-    ROLLOUT_MODEL_VAR,
-    ComposeError,
-    reward_target_env,
-)
+from rlfleet_pipeline.launch.compose import ComposeError
 from rlfleet_pipeline.launch.profiles import ComposeProfile, Profile, SlurmProfile
 from rlfleet_pipeline.launch.slurm import components, service_commands
-from rlfleet_pipeline.services import ServiceNotFound, get_service
+from rlfleet_pipeline.services import SERVICE_INSTANCES, ServiceNotFound, get_service
 from rlfleet_pipeline.stage import (
     SWE_AGENT_ENV,
     StageError,
+    compose_env,
     compose_model_problem,
     compose_stack,
     local_services,
@@ -83,26 +84,35 @@ def local_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
 def compose_overrides(
     recipe: RecipeConfig, profile: ComposeProfile, engine: str
 ) -> dict[str, list[str]]:
-    """The `key=value` items of each stage service's `command:` in the compose file, with
-    the variables `run_compose` sets filled in."""
-    env = {
-        ROLLOUT_ENGINE_VAR: engine,
-        ROLLOUT_MODEL_VAR: recipe.policy.model,
-        **reward_target_env(stage_services(recipe)),
-    }
+    """What each service `run_compose` starts is given, in the order it applies them: the
+    overrides in its `environment:`'s RLFLEET_<SERVICE>_OVERRIDES, then the `key=value`
+    items of its `command:`; the compose file's variables filled in as `run_compose` sets them."""
+    env = compose_env(recipe, engine)
+
+    def fill(text: object) -> str:
+        return _COMPOSE_VAR.sub(lambda m: env.get(m.group(1), m.group(2) or ""), str(text))
+
     path = compose_stack(profile).compose_file
     try:
         services = read_yaml(path).get("services", {})
     except ConfigError as exc:
         raise StageError(f"--run compose: {exc}") from None
     plan = {}
-    for name in stage_services(recipe):
-        command = (services.get(name) or {}).get("command") or []
-        args = [
-            _COMPOSE_VAR.sub(lambda m: env.get(m.group(1), m.group(2) or ""), str(a))
-            for a in command
-        ]
-        plan[name] = _key_values(args[1:])
+    for name in local_services(recipe):
+        spec = services.get(name) or {}
+        environment = spec.get("environment") or {}
+        program = SERVICE_INSTANCES.get(name, name)
+        listed = (
+            environment.get(overrides_variable(program)) if isinstance(environment, dict) else None
+        )
+        try:
+            from_env = json.loads(fill(listed)) if listed else []
+        except ValueError:
+            raise StageError(
+                f"--run compose: {path}: {name}'s {overrides_variable(program)} is not JSON"
+            ) from None
+        args = [fill(a) for a in spec.get("command") or []]
+        plan[name] = [*from_env, *_key_values(args[1:])]
     return plan
 
 

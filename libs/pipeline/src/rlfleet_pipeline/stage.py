@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -14,12 +15,14 @@ from pathlib import Path
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.auth import TOKEN_FILE_ENV
-from rlfleet_core.config import dump_yaml, format_override, format_value
+from rlfleet_core.config import dump_yaml
 from rlfleet_core.models import BUNDLED_MODELS
-from rlfleet_core.override_values import quote_value
 
 from rlfleet_pipeline.fleet import LocalFleet
 from rlfleet_pipeline.launch.compose import (
+    JUDGE_PROFILE,
+    JUDGE_URL,
+    OVERRIDES_VARS,
     ROLLOUT_ENGINE_VAR,
     ROLLOUT_MODEL_VAR,
     ComposeError,
@@ -31,77 +34,18 @@ from rlfleet_pipeline.launch.compose import (
 from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile, SlurmProfile
 from rlfleet_pipeline.launch.slurm_job import slurm_script
 from rlfleet_pipeline.services import service_command
-
-STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo", "dpo")
-SERVICES_FOR_STAGE = {
-    "rlvr": ["sandbox", "reward", "rollout"],
-    "grpo": ["sandbox", "reward", "rollout"],
-    "rlhf": ["reward", "rollout"],
-    # DPO pairs come from the policy's own tool-use episodes (rlfleet_trainer.dpo_stage).
-    "dpo": ["reward", "rollout"],
-}
-SWE_ENV_SERVICES = {"swe_pivot": (), "swe_agent": ("swe-runner",)}
-"""What a swe stage's environments need beyond reward + rollout: swe_pivot compares tool
-calls (no container), swe_agent runs sessions in the swe-runner. Any other environment
-of a swe stage gets the sandbox (the code environments need it)."""
-SERVICE_ORDER = ("sandbox", "reward", "rollout", "swe-runner")
-
-
-def stage_envs(recipe: RecipeConfig) -> list[str]:
-    """The environments a recipe names: its multi-turn envs and blend weights, and
-    data.default_env for a single-turn stage (a multi-turn stage's rows name their env)."""
-    named = [*recipe.multi_turn.envs, *recipe.data.env_weights]
-    if not recipe.multi_turn.envs:
-        named.append(recipe.data.default_env)
-    return list(dict.fromkeys(named))
-
-
-def stage_services(recipe: RecipeConfig) -> list[str]:
-    """The services the recipe's stage needs: by its kind (the stage name's prefix); a swe
-    stage's from what its environments need (SWE_ENV_SERVICES)."""
-    kind = stage_kind(recipe)
-    if kind != "swe":
-        return SERVICES_FOR_STAGE[kind]
-    needed = {"reward", "rollout"}
-    for env in stage_envs(recipe):
-        needed.update(SWE_ENV_SERVICES.get(env, ("sandbox",)))
-    return [s for s in SERVICE_ORDER if s in needed]
-
-
-def local_services(recipe: RecipeConfig) -> list[str]:
-    """What the local fleet starts: stage_services, plus `judge` (a second rollout service
-    serving `judge.model`) when the recipe serves its judge beside the stage. Only the
-    local fleet starts one; under SLURM or compose give `judge.base_url`."""
-    return [*stage_services(recipe), *(["judge"] if recipe.judge.served else [])]
-
-
-def judge_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
-    """The reward gateway's `judge.*` / `genrm.*` from the recipe's `judge` section, and the
-    judge rollout's engine, model and context when the stage serves it (the fleet adds
-    `judge.base_url` for that one: `fleet.wiring`)."""
-    j = recipe.judge
-    if not j.configured:
-        return {}
-    reward = [
-        f"judge.temperature={j.temperature:g}",
-        f"judge.top_p={j.top_p:g}",
-        f"judge.max_tokens={j.max_tokens}",
-        f"judge.request_timeout_s={j.request_timeout_s:g}",
-        f"judge.prefill={'true' if j.prefill else 'false'}",
-        *(f"genrm.{key}={format_value(value)}" for key, value in j.genrm.items()),
-    ]
-    if not j.served:
-        reward.append(f"judge.base_url={j.base_url}")
-        reward += [f"judge.model={j.model}"] if j.model else []
-        reward += [f"judge.api_key_env={j.api_key_env}"] if j.api_key_env else []
-        return {"reward": reward}
-    judge = [f"engine={j.engine or engine}", f"model={j.model}"]
-    if j.max_model_len is not None:
-        judge.append(f"engine_config.max_model_len={j.max_model_len}")
-    return {"reward": reward, "judge": judge}
-
-
-ROLLOUT_ENGINES = ("vllm", "hf")
+from rlfleet_pipeline.stage_plan import (
+    ROLLOUT_ENGINES,
+    STAGE_KINDS,
+    SWE_AGENT_ENV,
+    StageError,
+    judge_overrides,
+    local_services,
+    rollout_overrides,
+    stage_envs,
+    stage_kind,
+    stage_services,
+)
 
 
 def trainer_end(code: int) -> str:
@@ -122,15 +66,6 @@ def trainer_end(code: int) -> str:
 def shell_exit_code(code: int) -> int:
     """A shell's convention: 128 + the signal for a process killed by one."""
     return code if code >= 0 else 128 - code
-
-
-def stage_kind(recipe: RecipeConfig) -> str:
-    """The `rlfleet rl` kind a stage name starts with (rlvr2, rlvr-tooluse -> rlvr)."""
-    return next((k for k in STAGE_KINDS if recipe.stage.startswith(k)), recipe.stage)
-
-
-class StageError(ValueError):
-    pass
 
 
 def check_stage(kind: str, recipe: RecipeConfig, recipe_name: str) -> None:
@@ -226,12 +161,16 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
         return slurm_script(recipe, profile, run_dir, services, rollout_overrides(recipe, engine))
     if isinstance(profile, ComposeProfile):
         stack = compose_stack(profile)
+        services = local_services(recipe)
         token = token_file_for(run_dir, os.environ)  # made (0600) by the run if missing
-        targets = " ".join(f"{k}={v}" for k, v in reward_target_env(services).items())
-        env = (
-            f"{ROLLOUT_ENGINE_VAR}={engine} {ROLLOUT_MODEL_VAR}={recipe.policy.model} "
-            f"{TOKEN_FILE_ENV}={token} {targets}"
-        )
+        variables = compose_env(recipe, engine)
+        variables = {  # engine, model, token first: what a reader looks for
+            ROLLOUT_ENGINE_VAR: variables.pop(ROLLOUT_ENGINE_VAR),
+            ROLLOUT_MODEL_VAR: variables.pop(ROLLOUT_MODEL_VAR),
+            TOKEN_FILE_ENV: str(token),
+            **variables,
+        }
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items())
         up = stack.command(*stack.up_args(profile.wait_timeout_s))
         train = trainer_command(
             recipe_file,
@@ -268,43 +207,6 @@ def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: s
     return "\n".join(lines) + "\n"
 
 
-def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
-    """The rollout serves the policy's model (same weights and token ids as the trainer);
-    a stage with `swe_agent` episodes gives the reward gateway episode limits that fit
-    them (swe_episode_overrides); a recipe's `judge` section gives the gateway its judge
-    settings and the judge rollout its model (judge_overrides)."""
-    if engine not in ROLLOUT_ENGINES:
-        raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
-    overrides = [f"engine={engine}", format_override("model", recipe.policy.model)]
-    if recipe.services.weight_transport == "shared_file" and recipe.services.shared_dir:
-        # The rollout loads shared-file updates only from folders it is told to trust.
-        overrides.append(f"weight_file_roots=[{quote_value(recipe.services.shared_dir)}]")
-    planned = {"rollout": overrides}
-    if SWE_AGENT_ENV in recipe.multi_turn.envs:
-        planned["reward"] = swe_episode_overrides(recipe)
-    for service, extra in judge_overrides(recipe, engine).items():
-        planned[service] = [*planned.get(service, []), *extra]
-    return planned
-
-
-SWE_AGENT_ENV = "swe_agent"
-
-
-def swe_episode_overrides(recipe: RecipeConfig) -> list[str]:
-    """The reward gateway's episode limits for `swe_agent`, from the trainer's per-call
-    deadline (multi_turn.step_timeout_s, which also bounds CloseEpisode: the tests): each
-    tool call and the verification end a few seconds inside it, so the gateway answers
-    with a result rather than the trainer's deadline cutting it (the reward's caps: 600 s
-    a call, 1800 s a verification). The runner's per-command limit (swe.command_timeout_s,
-    300 s) and test limit (swe.test_timeout_s, 900 s) are lowered to fit."""
-    inside = recipe.multi_turn.step_timeout_s - 5.0
-    return [
-        f"episodes.tool_timeout_s={min(600.0, inside):g}",
-        f"episodes.close_timeout_s={min(1800.0, inside):g}",
-        f"episodes.idle_timeout_s={max(600.0, recipe.multi_turn.max_trajectory_time_s):g}",
-    ]
-
-
 def run_local(
     recipe: RecipeConfig,
     run_dir: Path,
@@ -338,12 +240,38 @@ def compose_stack(profile: ComposeProfile, env: Mapping[str, str] | None = None)
 
 
 def compose_model_problem(recipe: RecipeConfig) -> str | None:
-    if recipe.policy.model in BUNDLED_MODELS:
-        return None
-    return (
-        f"policy.model={recipe.policy.model}: the rollout container can only serve a bundled "
-        f"model ({', '.join(BUNDLED_MODELS)}), not a folder or HF cache of this host; use --run local"
-    )
+    served = [("policy.model", recipe.policy.model)]
+    if recipe.judge.served and recipe.judge.model is not None:
+        served.append(("judge.model", recipe.judge.model))
+    for key, model in served:
+        if model not in BUNDLED_MODELS:
+            return (
+                f"{key}={model}: a rollout container can only serve a bundled model "
+                f"({', '.join(BUNDLED_MODELS)}), not a folder or HF cache of this host; "
+                "use --run local"
+            )
+    return None
+
+
+def compose_env(recipe: RecipeConfig, engine: str) -> dict[str, str]:
+    """The variables compose.yaml reads for this stage: the rollout's engine and model, the
+    gateway's targets, and the stage's own overrides of the gateway (judge, episode
+    limits) and of the judge's rollout (as JSON lists), with the judge's profile when the
+    stage serves one."""
+    services = local_services(recipe)
+    planned = rollout_overrides(recipe, engine)
+    reward = planned.get("reward", [])
+    env = {
+        ROLLOUT_ENGINE_VAR: engine,
+        ROLLOUT_MODEL_VAR: recipe.policy.model,
+        **reward_target_env(services),
+    }
+    if "judge" in services:
+        reward = [f"judge.base_url={JUDGE_URL}", "judge.fleet_token=true", *reward]
+        env["COMPOSE_PROFILES"] = JUDGE_PROFILE
+    env[OVERRIDES_VARS["reward"]] = json.dumps(reward)
+    env[OVERRIDES_VARS["judge"]] = json.dumps(planned.get("judge", []))
+    return env
 
 
 def run_compose(
@@ -360,7 +288,7 @@ def run_compose(
     loopback ports, save the containers' logs to <run_dir>/logs/compose.log and bring the
     project down (unless keep_up). Returns the trainer's exit code; raises ComposeError
     (one line saying how to fix) when Docker, compose or an image is missing."""
-    services = stage_services(recipe)
+    services = local_services(recipe)
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
     problem = compose_model_problem(recipe)
@@ -368,15 +296,7 @@ def run_compose(
         raise StageError(problem)
     token_file = token_file_for(run_dir, os.environ)
     env = {**os.environ, TOKEN_FILE_ENV: str(token_file)}
-    stack = compose_stack(
-        profile,
-        {
-            **env,
-            ROLLOUT_ENGINE_VAR: engine,
-            ROLLOUT_MODEL_VAR: recipe.policy.model,
-            **reward_target_env(services),
-        },
-    )
+    stack = compose_stack(profile, {**env, **compose_env(recipe, engine)})
     stack.check_docker()
     stack.check_images(services)
     overrides = []
@@ -392,7 +312,9 @@ def run_compose(
     recipe_file.write_text(dump_yaml(recipe))
     say(
         f"compose project {stack.project}: starting {', '.join(services)} "
-        f"(rollout engine={engine} model={recipe.policy.model}) from {stack.compose_file}"
+        f"(rollout engine={engine} model={recipe.policy.model}"
+        + (f", judge {recipe.judge.model}" if "judge" in services else "")
+        + f") from {stack.compose_file}"
     )
     started = time.monotonic()
     try:
@@ -426,10 +348,14 @@ def run_compose(
 
 
 __all__ = [
+    "ROLLOUT_ENGINES",
+    "STAGE_KINDS",
+    "SWE_AGENT_ENV",
     "ComposeError",
     "LocalProfile",
     "StageError",
     "check_stage",
+    "compose_env",
     "default_run_dir",
     "judge_overrides",
     "launch_plan",
@@ -437,5 +363,8 @@ __all__ = [
     "rollout_overrides",
     "run_compose",
     "run_local",
+    "stage_envs",
+    "stage_kind",
+    "stage_services",
     "summary",
 ]

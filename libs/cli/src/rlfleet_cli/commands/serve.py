@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
-from rlfleet_core.config import ConfigError, format_override
-from rlfleet_core.server import load_service_config, run_service_blocking
+from rlfleet_core.config import ConfigError, format_override, load_service_config
+from rlfleet_core.server import run_service_blocking
 from rlfleet_core.versions import git_commit, package_version, remote_build
 from rlfleet_pipeline.services import KNOWN_SERVICES, ServiceNotFound, get_service
 

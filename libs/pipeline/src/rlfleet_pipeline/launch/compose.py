@@ -23,7 +23,9 @@ reused, so a stack left up with --keep-up still accepts the trainer of a --resum
 
 The rollout container serves `policy.model`, which must be a bundled name (`tiny`,
 `smollm2-135m-instruct`: built offline inside the container, identical to the trainer's
-copy); a host folder is not visible in the container.
+copy); a host folder is not visible in the container. So must a served judge model
+(`judge.model`): the `judge` service (a second rollout container, profile `judge`) serves
+it, and the gateway reaches it at http://judge:8000/v1 with the fleet's token.
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ REWARD_TARGET_VARS = {"sandbox": "REWARD_SANDBOX_TARGET", "swe-runner": "REWARD_
 """compose.yaml gives the reward gateway `sandbox.target=${REWARD_SANDBOX_TARGET-...}` and
 `swe.target=${REWARD_SWE_TARGET-...}`: unset (a plain `up` of all five) each names its
 service on the compose network; a stage sets them, empty for a service it does not start."""
+
+
+OVERRIDES_VARS = {"reward": "REWARD_OVERRIDES", "judge": "JUDGE_OVERRIDES"}
+"""compose.yaml hands these to the reward gateway and the judge's rollout as their
+RLFLEET_<SERVICE>_OVERRIDES (a JSON list of key=value overrides): a stage's own settings,
+which the fixed `command:` cannot carry."""
+JUDGE_PROFILE = "judge"
+"""compose.yaml's `judge` service sits in this profile: started only when named."""
+JUDGE_URL = f"http://judge:{8000}/v1"
+"""The judge's OpenAI face on the compose network (its HTTP face listens on 8000)."""
 
 
 def reward_target_env(services: Sequence[str]) -> dict[str, str]:
