@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rlfleet_core.tool_calls import ParsedCall
 from rlfleet_proto.v1 import reward_pb2
 from rlfleet_trainer.agent.render import ChatRenderer, openai_tools
 from rlfleet_trainer.agent.tool_format import (
     HermesFormat,
     NemotronFormat,
-    ParsedCall,
     split_reasoning,
     tool_call_format,
 )

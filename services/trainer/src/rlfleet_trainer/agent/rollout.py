@@ -32,13 +32,13 @@ from typing import Any
 from rlfleet_contracts.multiturn import MultiTurnConfig
 from rlfleet_contracts.reasoning import row_template_kwargs
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_core.tool_calls import ParsedCall
 from rlfleet_proto.v1 import reward_pb2, rollout_pb2
 
 from rlfleet_trainer.agent.calls import call_counts
 from rlfleet_trainer.agent.episodes import EpisodeClient
 from rlfleet_trainer.agent.render import ChatRenderer, openai_tools
 from rlfleet_trainer.agent.tool_format import (
-    ParsedCall,
     ToolCallFormat,
     split_reasoning,
     tool_call_format,

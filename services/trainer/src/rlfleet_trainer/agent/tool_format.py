@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from rlfleet_core.tool_calls import (
+    CLOSE_TAG,
+    OPEN_TAG,
+    ParsedCall,
+    call_from_object,
+    parse_hermes,
+)
 
 
 def split_reasoning(text: str) -> tuple[str, str]:
@@ -31,15 +38,6 @@ def split_reasoning(text: str) -> tuple[str, str]:
     return text, ""
 
 
-@dataclass(frozen=True)
-class ParsedCall:
-    name: str
-    arguments_json: str
-    """The arguments object as JSON ("{}" when the call is malformed)."""
-    error: str = ""
-    """Why the call is malformed; "" for a well-formed call."""
-
-
 class ToolCallFormat:
     """Parses tool calls out of one model turn and describes tools in plain text."""
 
@@ -54,49 +52,16 @@ class ToolCallFormat:
         raise NotImplementedError
 
 
-def _call_from_object(obj: Any) -> ParsedCall:
-    """A call from a decoded `{"name": ..., "arguments": {...}}`; `arguments` may also be a
-    JSON string holding an object (OpenAI's wire form)."""
-    if not isinstance(obj, dict):
-        return ParsedCall("", "{}", f"a tool call must be a JSON object, got {type(obj).__name__}")
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return ParsedCall("", "{}", 'a tool call needs a "name" string')
-    arguments = obj.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            return ParsedCall(name, "{}", f'"arguments" of {name} is not valid JSON: {exc}')
-    if not isinstance(arguments, dict):
-        return ParsedCall(name, "{}", f'"arguments" of {name} must be a JSON object')
-    return ParsedCall(name, json.dumps(arguments, ensure_ascii=False))
-
-
 class HermesFormat(ToolCallFormat):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call
     (Hermes, Qwen2.5, Qwen3); a block may also hold a JSON list of calls, as SmolLM2-1.7B
     writes them (its function-calling SFT data, APIGen: `<tool_call>[{...}, ...]</tool_call>`)."""
 
     name = "hermes"
-    open_tag, close_tag = "<tool_call>", "</tool_call>"
+    open_tag, close_tag = OPEN_TAG, CLOSE_TAG
 
     def parse(self, text: str) -> list[ParsedCall]:
-        calls: list[ParsedCall] = []
-        pattern = re.escape(self.open_tag) + r"(.*?)(" + re.escape(self.close_tag) + r"|$)"
-        for match in re.finditer(pattern, text, flags=re.DOTALL):
-            if not match.group(2):
-                calls.append(ParsedCall("", "{}", f"{self.open_tag} without {self.close_tag}"))
-                continue
-            try:
-                obj = json.loads(match.group(1).strip())
-            except json.JSONDecodeError as exc:
-                calls.append(ParsedCall("", "{}", f"the tool call is not valid JSON: {exc}"))
-                continue
-            calls.extend(
-                _call_from_object(item) for item in (obj if isinstance(obj, list) else [obj])
-            )
-        return calls
+        return parse_hermes(text)[1]
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
         listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
@@ -129,7 +94,7 @@ class NemotronFormat(ToolCallFormat):
                 continue
             if not isinstance(items, list):
                 items = [items]
-            calls.extend(_call_from_object(item) for item in items)
+            calls.extend(call_from_object(item) for item in items)
         return calls
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
