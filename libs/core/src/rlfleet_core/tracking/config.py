@@ -18,6 +18,7 @@ class TensorBoardConfig(ConfigModel):
 
 class WandbConfig(ConfigModel):
     project: str = "rlfleet"
+    """The W&B project."""
     name: str = ""
     """The W&B run name; "" = the stage (or pipeline) name."""
     mode: Literal["offline", "online", "disabled"] = "offline"
@@ -27,6 +28,7 @@ class WandbConfig(ConfigModel):
 
 class MlflowConfig(ConfigModel):
     experiment_name: str = "rlfleet"
+    """The MLflow experiment (created when missing)."""
     run_name: str = ""
     """"" = the stage (or pipeline) name."""
     tracking_uri: str = ""
@@ -38,8 +40,14 @@ class LoggerConfig(ConfigModel):
     comes with `pip install rlfleet-core[tracking]`; docs/trainer.md "Metrics"."""
 
     tensorboard_enabled: bool = False
+    """Write TensorBoard event files (logger.tensorboard.log_dir)."""
     wandb_enabled: bool = False
+    """Log to a W&B run (offline by default: logger.wandb.mode)."""
     mlflow_enabled: bool = False
+    """Log to an MLflow run (a local file store by default: logger.mlflow.tracking_uri)."""
     tensorboard: TensorBoardConfig = Field(default_factory=TensorBoardConfig)
+    """Where TensorBoard writes."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """The W&B project, run name and mode."""
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    """The MLflow experiment, run name and tracking URI."""
