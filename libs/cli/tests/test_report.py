@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from rlfleet_cli.main import app
 from typer.testing import CliRunner
 
@@ -98,3 +99,20 @@ def test_a_folder_that_is_no_run_is_named(tmp_path: Path) -> None:
     assert (
         result.exit_code == 2 and "--compare" in result.output and "no such folder" in result.output
     )
+
+
+def test_pipeline_stage_summaries_reach_the_trackers(tmp_path: Path) -> None:
+    from rlfleet_core.tracking import LoggerConfig
+    from rlfleet_pipeline.run_report import load_run, log_stage_summaries
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = load_run(pipeline_folder(tmp_path / "run", {"rlvr1": 61.0, "rlvr2": 50.0}))
+    log_stage_summaries(run.root, LoggerConfig(tensorboard_enabled=True), "tiny", run.stages)
+    events = EventAccumulator(str(run.root / "tensorboard"))
+    events.Reload()
+    after = [(e.step, e.value) for e in events.Scalars("pipeline/heldout_reward_after")]
+    expected = [s.heldout_reward_after for s in run.stages]
+    assert [step for step, _ in after] == [1, 2]
+    assert [v for _, v in after] == [pytest.approx(v, abs=1e-6) for v in expected]
+    walls = [e.value for e in events.Scalars("pipeline/wall_s")]
+    assert walls == [s.wall_s for s in run.stages]
