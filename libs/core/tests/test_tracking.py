@@ -57,3 +57,12 @@ def test_a_tracker_failing_mid_run_is_dropped_with_one_warning(
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/reward")] == [1, 2, 3]
+
+
+def test_a_tracker_that_cannot_start_says_which_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "mlruns").write_text("a file where the store's folder goes")
+    with pytest.raises(TrackingError) as info:
+        MetricsLogger(tmp_path, LoggerConfig(tensorboard_enabled=True, mlflow_enabled=True))
+    message = str(info.value)
+    assert message.startswith("logger.mlflow_enabled: mlflow could not start: ")
+    assert "\n" not in message

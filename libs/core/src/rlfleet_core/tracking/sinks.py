@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -80,7 +81,10 @@ class WandbSink:
             name=name,
             dir=str(run_dir),
             mode=mode,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+            # init_timeout: online mode reaches the W&B server; bounded like every call.
+            settings=wandb.Settings(
+                console="off", silent=True, x_disable_stats=True, init_timeout=60.0
+            ),
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -115,16 +119,36 @@ class MlflowSink:
 
 
 def build_sinks(run_dir: Path, config: LoggerConfig, run_name: str) -> list[Sink]:
-    """The trackers `config` enables, in a stable order (TensorBoard, W&B, MLflow)."""
+    """The trackers `config` enables, in a stable order (TensorBoard, W&B, MLflow). One
+    that cannot start raises TrackingError naming its key: a run asked to be tracked does
+    not start untracked."""
     sinks: list[Sink] = []
-    if config.tensorboard_enabled:
-        log_dir = Path(config.tensorboard.log_dir or "tensorboard")
-        sinks.append(TensorBoardSink(log_dir if log_dir.is_absolute() else run_dir / log_dir))
-    if config.wandb_enabled:
-        w = config.wandb
-        sinks.append(WandbSink(run_dir, w.project, w.name or run_name, w.mode))
-    if config.mlflow_enabled:
-        m = config.mlflow
-        uri = m.tracking_uri or (run_dir / "mlruns").resolve().as_uri()
-        sinks.append(MlflowSink(uri, m.experiment_name, m.run_name or run_name))
+    try:
+        if config.tensorboard_enabled:
+            log_dir = Path(config.tensorboard.log_dir or "tensorboard")
+            log_dir = log_dir if log_dir.is_absolute() else run_dir / log_dir
+            sinks.append(_start("tensorboard", lambda: TensorBoardSink(log_dir)))
+        if config.wandb_enabled:
+            w = config.wandb
+            name = w.name or run_name
+            sinks.append(_start("wandb", lambda: WandbSink(run_dir, w.project, name, w.mode)))
+        if config.mlflow_enabled:
+            m = config.mlflow
+            uri = m.tracking_uri or (run_dir / "mlruns").resolve().as_uri()
+            run = m.run_name or run_name
+            sinks.append(_start("mlflow", lambda: MlflowSink(uri, m.experiment_name, run)))
+    except BaseException:
+        for sink in sinks:
+            sink.close()
+        raise
     return sinks
+
+
+def _start(name: str, build: Callable[[], Sink]) -> Sink:
+    try:
+        return build()
+    except TrackingError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrackingError(f"logger.{name}_enabled: {name} could not start: {first}") from exc
