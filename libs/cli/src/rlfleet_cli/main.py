@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from rlfleet_cli.commands import bench, config, data, doctor, reward, rl, run, serve
+from rlfleet_cli.commands import bench, config, data, doctor, report, reward, rl, run, serve
 
 app = typer.Typer(
     name="rlfleet",
@@ -30,6 +30,7 @@ app.command()(run.run)
 app.add_typer(data.data_app, name="data")
 app.add_typer(reward.reward_app, name="reward")
 app.command()(rl.rl)
+app.command()(report.report)
 app.command()(bench.bench)
 app.add_typer(config.config_app, name="config")
 

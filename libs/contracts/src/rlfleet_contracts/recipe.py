@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
 from rlfleet_core.models import check_model_reference
+from rlfleet_core.tracking.config import LoggerConfig
 
 from rlfleet_contracts.judge import JudgeModelConfig
 from rlfleet_contracts.multiturn import MultiTurnConfig
@@ -351,6 +352,8 @@ class RecipeConfig(ConfigModel):
     services: ServicesConfig = ServicesConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()
+    logger: LoggerConfig = LoggerConfig()
+    """TensorBoard / W&B / MLflow besides metrics.jsonl (NeMo-RL's keys; docs/trainer.md)."""
     deviations: dict[str, str] = Field(default_factory=dict)
     """Where this recipe departs from the published settings it mirrors: dotted key -> the
     published value and why (e.g. a parallelism this machine's backend cannot run).

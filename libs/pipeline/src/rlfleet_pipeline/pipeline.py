@@ -36,7 +36,8 @@ from rlfleet_dataprep.prep import PrepOptions, prepare_rl, resolve_blend
 
 from rlfleet_pipeline.fleet import LocalFleet, tail_lines
 from rlfleet_pipeline.recipes import load_recipe
-from rlfleet_pipeline.report import StageResult, heldout_failures, read_metrics, write_report
+from rlfleet_pipeline.report import StageResult, read_metrics, write_report
+from rlfleet_pipeline.run_report import log_stage_summaries, stage_result_from_folder
 from rlfleet_pipeline.stage import trainer_command, trainer_end
 
 
@@ -215,36 +216,7 @@ def stage_done(stage_dir: Path) -> bool:
 
 
 def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageResult:
-    folder = StageFolder(stage_dir)
-    heldout = json.loads(folder.heldout.read_text())
-    summary = json.loads(folder.summary.read_text())
-
-    def split(result: dict[str, float]) -> tuple[float, dict[str, float]]:
-        # Only `reward/<env>` keys are environments; failure counts sit in `failures`.
-        by_env = {
-            k.removeprefix("reward/"): v for k, v in result.items() if k.startswith("reward/")
-        }
-        return float(result.get("reward", float("nan"))), by_env
-
-    before, before_env = split(heldout.get("before", {}))
-    after, after_env = split(heldout.get("after", {}))
-    return StageResult(
-        stage=stage.name,
-        heldout_reward_before=before,
-        heldout_reward_after=after,
-        heldout_by_env_before=before_env,
-        heldout_by_env_after=after_env,
-        steps=int(summary["step"]),
-        wall_s=wall_s,
-        checkpoint=str(summary.get("checkpoint", "")),
-        metrics_path=str(folder.metrics),
-        heldout_failures=heldout_failures(heldout),
-        heldout_details={
-            label: {k: float(v) for k, v in values.items()}
-            for label, values in heldout.get("details", {}).items()
-            if isinstance(values, dict)
-        },
-    )
+    return stage_result_from_folder(stage.name, stage_dir, wall_s)
 
 
 def stage_lineage(recipe: RecipeConfig, recipe_name: str, stage_dir: Path) -> dict[str, Any]:
@@ -397,6 +369,7 @@ def run_pipeline(
                 walls[stage.name] = walls.get(stage.name, 0.0) + time.monotonic() - started
                 PipelineFolder(out).walls.write_text(json.dumps(walls, indent=2) + "\n")
     results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in pipeline.stages]
+    log_stage_summaries(out, recipes[0].logger, pipeline.name, results)
     return write_report(out, results)
 
 

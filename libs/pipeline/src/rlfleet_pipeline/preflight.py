@@ -17,6 +17,7 @@ command lines, the compose file's `command:` lists, the sbatch script's `exec` l
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -32,6 +33,7 @@ from rlfleet_core.config import (
     overrides_variable,
     read_yaml,
 )
+from rlfleet_core.tracking import INSTALL_HINT, LoggerConfig
 
 from rlfleet_pipeline.fleet import wiring
 from rlfleet_pipeline.launch.compose import ComposeError
@@ -259,6 +261,20 @@ def trainer_world_size(recipe: RecipeConfig, profile: Profile) -> int:
     return recipe.policy.world_size
 
 
+def tracker_problem(config: LoggerConfig) -> str | None:
+    """An enabled tracker whose package is not installed (the trainer imports it only
+    when it starts: say so before any service does)."""
+    enabled = (
+        ("logger.tensorboard_enabled", config.tensorboard_enabled, "tensorboard"),
+        ("logger.wandb_enabled", config.wandb_enabled, "wandb"),
+        ("logger.mlflow_enabled", config.mlflow_enabled, "mlflow"),
+    )
+    for key, on, package in enabled:
+        if on and importlib.util.find_spec(package) is None:
+            return f"{key}=true needs the {package} package: {INSTALL_HINT}"
+    return None
+
+
 def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str) -> str | None:
     """The first reason the stage would not start under `profile`, or None: the same
     message whether `rlfleet rl` is asked for a dry-run or a start."""
@@ -273,7 +289,8 @@ def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str
         if problem is not None:
             return problem
     return (
-        wiring_problem(recipe, plan)
+        tracker_problem(recipe.logger)
+        or wiring_problem(recipe, plan)
         or start_problem(recipe, trainer_world_size(recipe, profile))
         or (swe_image_problem(recipe) if local else None)
     )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rlfleet_contracts.preference import PreferencePair
+from rlfleet_core.tracking import MetricsLogger
 
 from rlfleet_trainer.agent.calls import trajectory_verdict
 from rlfleet_trainer.agent.rollout import AgentRollout, build_agent
@@ -82,10 +83,12 @@ async def run_dpo(ctx: RunContext, resume: bool = False) -> TrainerState:
         epochs=recipe.dpo.epochs,
         pad_token_id=ctx.tokenizer.pad_token_id or 0,
     )
-    with ctx.folder.metrics.open("w", encoding="utf-8") as out:
+    ctx.folder.metrics.write_text("")  # the stage's steps, written afresh
+    with MetricsLogger(
+        ctx.run_dir, recipe.logger, run_name=recipe.stage, jsonl=ctx.folder.metrics
+    ) as out:
         for index, metrics in enumerate(steps, start=1):
-            row = {"step": index, **metrics, **(sampled.metrics if index == 1 else {})}
-            out.write(json.dumps(row) + "\n")
+            out.log(index, {**metrics, **(sampled.metrics if index == 1 else {})})
             logger.info("dpo step %d loss %.4f", index, metrics.get("loss", float("nan")))
     state.step = len(steps)
     state.last_metrics = {**steps[-1], **sampled.metrics}

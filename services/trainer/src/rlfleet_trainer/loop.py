@@ -13,7 +13,6 @@ Training runs in a worker thread so the event loop keeps streaming results meanw
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -25,6 +24,7 @@ from typing import Any
 
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.run_folder import StageFolder
+from rlfleet_core.tracking import MetricsLogger
 
 from rlfleet_trainer.algorithms import LossConfig
 from rlfleet_trainer.backends.base import PolicyBackend
@@ -129,7 +129,9 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
     loss_config = LossConfig.from_recipe(recipe)
     limit = g.num_prompts_per_step * max(2 * g.max_trajectory_age_steps, 1)
     collector.auto_fill_limit = limit if g.async_enabled else None
-    metrics_file = ctx.folder.metrics.open("a", encoding="utf-8")
+    metrics_log = MetricsLogger(
+        ctx.run_dir, recipe.logger, run_name=recipe.stage, jsonl=ctx.folder.metrics
+    )
     empty_steps = 0
     unlogged: dict[str, float] = {}  # failure counts of empty steps, logged with the next step
     if g.val_at_start and "before" not in read_heldout(ctx.folder):
@@ -184,7 +186,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
             if g.val_every_steps and state.step % g.val_every_steps == 0:
                 val = (await validate(ctx)).metrics
                 metrics.update({f"val/{k}": v for k, v in val.items()})
-            log_step(metrics_file, state, metrics, ctx)
+            log_step(metrics_log, state, metrics, ctx)
             if checkpoint_due(recipe, state.step) or ctx.checkpoint_requests:
                 ctx.status["phase"] = "checkpointing"
                 path = write_checkpoint(ctx, ledger, collector, state)
@@ -200,7 +202,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
         ctx.status["phase"] = "idle"
         return state
     finally:
-        metrics_file.close()
+        metrics_log.close()
         await collector.cancel()
 
 
@@ -363,11 +365,12 @@ def write_checkpoint(
     )
 
 
-def log_step(file: Any, state: TrainerState, metrics: dict[str, float], ctx: RunContext) -> None:
+def log_step(
+    log: MetricsLogger, state: TrainerState, metrics: dict[str, float], ctx: RunContext
+) -> None:
     state.last_metrics = metrics
     ctx.status.update(step=state.step, weight_version=state.weight_version, metrics=metrics)
-    file.write(json.dumps({"step": state.step, **metrics}) + "\n")
-    file.flush()
+    log.log(state.step, metrics)
     logger.info(
         "step %d reward %.3f loss %.4f lag %.1f",
         state.step,
