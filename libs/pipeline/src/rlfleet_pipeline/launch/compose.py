@@ -59,7 +59,7 @@ RLFLEET_<SERVICE>_OVERRIDES (a JSON list of key=value overrides): a stage's own 
 which the fixed `command:` cannot carry."""
 JUDGE_PROFILE = "judge"
 """compose.yaml's `judge` service sits in this profile: started only when named."""
-JUDGE_URL = f"http://judge:{8000}/v1"
+JUDGE_URL = "http://judge:8000/v1"
 """The judge's OpenAI face on the compose network (its HTTP face listens on 8000)."""
 
 

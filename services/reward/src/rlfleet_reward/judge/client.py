@@ -75,9 +75,14 @@ class JudgeClient:
         self.calls = 0
         """HTTP attempts made (for tests and reports; the metric has the outcomes)."""
 
+    def _prefill(self, opening: str) -> str:
+        """What of the verdict's `opening` is written for the judge (none unless
+        `judge.prefill`)."""
+        return opening if self.config.prefill else ""
+
     def _body(self, messages: Messages, opening: str = "") -> dict[str, Any]:
         c = self.config
-        prefill = opening if c.prefill else ""
+        prefill = self._prefill(opening)
         if prefill:  # the verdict's start, which the judge continues (vLLM's chat extension)
             messages = [*messages, {"role": "assistant", "content": prefill}]
         body: dict[str, Any] = {
@@ -113,7 +118,7 @@ class JudgeClient:
         a retried group asks again what failed instead of replaying the failure."""
         deadline = time.monotonic() + timeout_s
         body = self._body(messages, opening)
-        prefill = opening if self.config.prefill else ""
+        prefill = self._prefill(opening)
         key = self.cache_key(body)
         if key in self._cache:
             self._cache.move_to_end(key)
