@@ -98,7 +98,8 @@ SIGNAL = 0.1
 def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from rlfleet_pipeline.pipeline import TINY, RunSpec, run_pipeline
+    from rlfleet_pipeline.pipeline import RunSpec, run_pipeline
+    from rlfleet_pipeline.pipelines import TINY
 
     one_stage = replace(TINY, stages=TINY.stages[:1])
     overrides = [

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from rlfleet_dataprep.prep import PrepOptions, prepare_rl
 from rlfleet_pipeline.pipeline import (
-    TINY,
     PipelineError,
     RunSpec,
     prepare_data,
@@ -19,6 +18,7 @@ from rlfleet_pipeline.pipeline import (
     stage_result,
     start_run,
 )
+from rlfleet_pipeline.pipelines import TINY
 
 
 def test_new_run_writes_its_spec_and_refuses_to_overwrite(tmp_path: Path) -> None:

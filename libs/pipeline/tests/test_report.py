@@ -3,7 +3,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlfleet_pipeline.pipeline import TINY, stage_result
+from rlfleet_pipeline.pipeline import stage_result
+from rlfleet_pipeline.pipelines import TINY
 from rlfleet_pipeline.report import StageResult, read_metrics, reward_curves, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -97,6 +97,12 @@ class StageFolder:
         return self.root / "hf"
 
     @property
+    def win_rate(self) -> Path:
+        """A judged stage's held-out answers after vs before, by its GenRM (`rlfleet-trainer
+        eval --win-rate`)."""
+        return self.root / "genrm_win_rate.json"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 
@@ -168,3 +174,9 @@ class PipelineFolder:
     def startup(self) -> Path:
         """The start-up report of the fleet a launcher started for this run."""
         return self.root / "startup.json"
+
+    @property
+    def regression(self) -> Path:
+        """The final weights on earlier stages' held-out sets: <stage>/heldout.json and
+        results.json (`rlfleet-trainer eval`)."""
+        return self.root / "regression"

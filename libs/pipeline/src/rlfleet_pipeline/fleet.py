@@ -244,7 +244,7 @@ class LocalFleet:
     def _start_one(self, name: str, started: float) -> None:
         """Wait for the dependencies' ports, spawn, wait for the ports, wait for SERVING."""
         for dep in DEPENDS_ON.get(name, ()):
-            if dep in self._bound:
+            if dep in self._bound and dep in self.services:
                 while not self._bound[dep].wait(0.05):
                     if self._cancel.is_set():
                         raise _Cancelled
@@ -288,12 +288,26 @@ class LocalFleet:
     def start(self) -> None:
         """Start every service in parallel (see the module docstring), then write and
         report the start-up times. On any failure the services started are stopped."""
-        started = time.monotonic()
-        pool = ThreadPoolExecutor(max_workers=len(self.services), thread_name_prefix="fleet")
         try:
             self._set_up_token()
             self._set_up_caches()
-            futures = {pool.submit(self._start_one, n, started): n for n in self.services}
+            self._start_services(self.services)
+        except BaseException:
+            self.stop()
+            raise
+        for line in self.report_lines():
+            self.say(line)
+
+    def _start_services(self, names: Sequence[str]) -> None:
+        """Start `names` in parallel (the others of self.services already run), wait for
+        SERVING, write the start-up report. Raises the first real failure."""
+        started = time.monotonic()
+        self._cancel.clear()
+        for name in names:
+            self._bound[name] = threading.Event()
+        pool = ThreadPoolExecutor(max_workers=max(len(names), 1), thread_name_prefix="fleet")
+        try:
+            futures = {pool.submit(self._start_one, n, started): n for n in names}
             done, _ = wait_futures(futures, return_when=FIRST_EXCEPTION)
             failed = [f for f in done if f.exception() is not None]
             if failed:
@@ -308,12 +322,51 @@ class LocalFleet:
             self._cancel.set()
             pool.shutdown(wait=True)
             self._write_report()
-            self.stop()
             raise
         pool.shutdown(wait=True)
         self._write_report()
-        for line in self.report_lines():
-            self.say(line)
+
+    def change(self, services: Sequence[str], overrides: dict[str, list[str]]) -> list[str]:
+        """Make the running fleet `services` with `overrides` (a pipeline's next stage):
+        stop what is no longer needed, restart what is given other overrides or wired to
+        a service that changed (the reward gateway, when a judge or swe-runner comes or
+        goes), start what is new; services left as they were keep serving (the rollout
+        keeps its engine loaded). Returns what was (re)started. On a failure the whole
+        fleet is stopped, as in `start`."""
+        unknown = [s for s in services if s not in START_ORDER]
+        if unknown:
+            raise FleetError(f"unknown service(s) {unknown}; choose from {', '.join(START_ORDER)}")
+        wanted = sorted(set(services), key=START_ORDER.index)
+        restart = {
+            n
+            for n in self.processes
+            if n not in wanted or self.overrides.get(n, []) != overrides.get(n, [])
+        }
+        for name in wanted:  # a dependency that changes (or comes, or goes) rewires `name`
+            deps = DEPENDS_ON.get(name, ())
+            before = {d for d in deps if d in self.processes}
+            if {d for d in deps if d in wanted} != before or before & restart:
+                restart.add(name)
+        stopping = [self.processes[n] for n in self.services if n in restart]
+        self._stop_processes(stopping)
+        for proc in stopping:
+            del self.processes[proc.name]
+        self.services, self.overrides = wanted, dict(overrides)
+        new = [n for n in wanted if n not in self.processes]
+        if stopping or new:
+            self.say(
+                f"fleet: stopped {', '.join(p.name for p in stopping) or 'none'}, "
+                f"starting {', '.join(new) or 'none'}"
+            )
+        try:
+            self._start_services(new)
+        except BaseException:
+            self.stop()
+            raise
+        if new:
+            for line in self.report_lines():
+                self.say(line)
+        return new
 
     def report(self) -> dict[str, object]:
         """The start-up report: seconds from the fleet's start, per service."""
@@ -357,7 +410,13 @@ class LocalFleet:
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM in reverse start order, then SIGKILL what outlives the timeout."""
-        ordered = [self.processes[n] for n in self.services if n in self.processes]
+        codes = self._stop_processes(
+            [self.processes[n] for n in self.services if n in self.processes]
+        )
+        self._restore_env()
+        return codes
+
+    def _stop_processes(self, ordered: list[ServiceProcess]) -> dict[str, int | None]:
         for proc in reversed(ordered):
             if proc.process.poll() is None:
                 proc.process.send_signal(signal.SIGTERM)
@@ -369,7 +428,6 @@ class LocalFleet:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.process.pid, signal.SIGKILL)
                 codes[proc.name] = proc.process.wait()
-        self._restore_env()
         return codes
 
     def __enter__(self) -> LocalFleet:

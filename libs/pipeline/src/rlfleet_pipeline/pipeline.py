@@ -1,4 +1,5 @@
-"""`rlfleet run`: a multi-stage pipeline on this machine, the embedded default.
+"""`rlfleet run`: a multi-stage pipeline on this machine (rlfleet_pipeline.pipelines: the
+six tiny stages by default).
 
 One run folder holds everything:
 
@@ -7,14 +8,18 @@ One run folder holds everything:
     <out>/logs/<service>.log       the services (one fleet for the whole run)
     <out>/stages/<stage>/          the trainer's run dir: recipe, metrics.jsonl, ledger,
                                    checkpoints/, hf/ (export), heldout.json, lineage.json
+    <out>/regression/              the final weights on earlier stages' held-out sets
     <out>/report.md|json, plots/   the end-of-run report
 
-The services start once (vLLM's start is the slow part) and serve every stage: each stage
-starts from the previous stage's exported HF folder and publishes it to the rollout
-service before its first sample. Each stage's trainer is a child process (`rlfleet-trainer
+One fleet serves the whole run: the rollout starts once (vLLM's start is the slow part)
+and each stage starts from the previous stage's exported HF folder, which its trainer
+publishes to the rollout before its first sample; services a stage needs are added when
+it starts (the swe-runner, the judge's rollout) and stopped when no later stage needs
+them (rlfleet_pipeline.stage_plan.pipeline_fleet). Each stage's trainer is a child process (`rlfleet-trainer
 run`); its metrics file drives the progress bar. Ctrl-C stops the trainer and the
 services; `--resume` skips finished stages and resumes the interrupted one from its last
-checkpoint (the trainer's ledger keeps every prompt accounted for).
+checkpoint (the trainer's ledger keeps every prompt accounted for). `--from` starts a
+new run at a later stage (from --model), `--to` stops after a stage.
 """
 
 from __future__ import annotations
@@ -33,44 +38,23 @@ from rlfleet_contracts.rows import DataError
 from rlfleet_contracts.run_folder import BLEND_MANIFEST, PipelineFolder, StageFolder
 from rlfleet_core.config import dump_yaml, format_override
 from rlfleet_dataprep.prep import PrepOptions, prepare_rl, resolve_blend
+from rlfleet_dataprep.swe_pivot import BLEND as SWE_PIVOT_BLEND
+from rlfleet_dataprep.swe_pivot import prepare_swe_pivot
 
 from rlfleet_pipeline.fleet import LocalFleet, tail_lines
+from rlfleet_pipeline.lineage import write_lineage
+from rlfleet_pipeline.pipeline_end import EndMeasures
+from rlfleet_pipeline.pipelines import PIPELINES, Pipeline, PipelineStage
 from rlfleet_pipeline.recipes import load_recipe
 from rlfleet_pipeline.report import StageResult, read_metrics, write_report
+from rlfleet_pipeline.report_sections import end_of_run_sections
 from rlfleet_pipeline.run_report import log_stage_summaries, stage_result_from_folder
 from rlfleet_pipeline.stage import trainer_command, trainer_end
+from rlfleet_pipeline.stage_plan import pipeline_fleet
 
 
 class PipelineError(RuntimeError):
     """A pipeline problem a user can act on; the message says what and how."""
-
-
-@dataclass(frozen=True)
-class PipelineStage:
-    name: str
-    recipe: str
-    """A bundled recipe name or a recipe file."""
-    blend: str
-    """A bundled blend name or a blend file/directory (prepared into <out>/data)."""
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    name: str
-    model: str
-    """Starting model of the first stage (a bundled name, a HF folder or a Hugging Face id)."""
-    stages: tuple[PipelineStage, ...]
-    services: tuple[str, ...] = ("sandbox", "reward", "rollout")
-    val_rows: int = 100
-    """Rows of each blend held out for validation (the last ones)."""
-
-
-TINY = Pipeline(
-    name="tiny",
-    model="smollm2-135m-instruct",
-    stages=tuple(PipelineStage(f"rlvr{i}", f"tiny/rlvr{i}", f"tiny-rlvr{i}") for i in (1, 2, 3)),
-)
-PIPELINES = {"tiny": TINY}
 
 
 @dataclass
@@ -82,6 +66,8 @@ class RunSpec:
     model: str | None = None
     """Starting model instead of the pipeline's (a bundled name, a HF folder or a Hugging Face id)."""
     overrides: list[str] = field(default_factory=list)
+    first_stage: str | None = None
+    """--from: the stage the run starts at (from `model`); None: the first."""
 
     @classmethod
     def load(cls, path: Path) -> RunSpec:
@@ -127,13 +113,15 @@ def start_run(
                 f"--out {out}`"
             )
         stored = RunSpec.load(run_file)
-        if (spec.overrides and spec.overrides != stored.overrides) or (
-            spec.model and spec.model != stored.model
+        if (
+            (spec.overrides and spec.overrides != stored.overrides)
+            or (spec.model and spec.model != stored.model)
+            or (spec.first_stage and spec.first_stage != stored.first_stage)
         ):
             raise PipelineError(
                 f"--resume continues the run as it was started (model {stored.model}, "
-                f"overrides {stored.overrides}); drop --model and the overrides or start a "
-                "new run with --out"
+                f"overrides {stored.overrides}, from {stored.first_stage or 'the start'}); "
+                "drop --model, --from and the overrides or start a new run with --out"
             )
         if preflight is not None:
             preflight(stored)
@@ -154,15 +142,30 @@ def start_run(
 
 
 def pipeline_of(spec: RunSpec, pipeline: Pipeline | None = None) -> Pipeline:
+    """The pipeline the spec names, from its first stage (--from) on, with its model."""
     if pipeline is None:
         if spec.pipeline not in PIPELINES:
             raise PipelineError(f"pipeline {spec.pipeline!r}: known: {', '.join(PIPELINES)}")
         pipeline = PIPELINES[spec.pipeline]
+    if spec.first_stage is not None:
+        pipeline = replace(
+            pipeline, stages=pipeline.stages[stage_index(pipeline, spec.first_stage, "--from") :]
+        )
     return replace(pipeline, model=spec.model) if spec.model else pipeline
+
+
+def stage_index(pipeline: Pipeline, name: str, flag: str) -> int:
+    if name not in pipeline.names():
+        raise PipelineError(
+            f"{flag} {name}: pipeline {pipeline.name} has stages {', '.join(pipeline.names())}"
+        )
+    return pipeline.names().index(name)
 
 
 def data_dir(out: Path, stage: PipelineStage) -> Path:
     """Where the stage's blend is prepared: <out>/data/<blend name>."""
+    if stage.blend == SWE_PIVOT_BLEND:
+        return PipelineFolder(out).blend(SWE_PIVOT_BLEND)
     try:
         name, _ = resolve_blend(stage.blend)  # the name prepare_rl writes under
     except DataError as exc:
@@ -176,11 +179,13 @@ def prepare_data(pipeline: Pipeline, out: Path) -> dict[str, Path]:
     for stage in pipeline.stages:
         target = data_dir(out, stage)
         if not (target / BLEND_MANIFEST).exists():
-            options = PrepOptions(
-                out=PipelineFolder(out).data, val_rows=pipeline.val_rows, force=True
-            )
+            val_rows = stage.val_rows if stage.val_rows is not None else pipeline.val_rows
+            options = PrepOptions(out=PipelineFolder(out).data, val_rows=val_rows, force=True)
             try:
-                target, _ = prepare_rl(stage.blend, options)
+                if stage.blend == SWE_PIVOT_BLEND:  # cut from the bundled demonstrations
+                    target, _ = prepare_swe_pivot(PipelineFolder(out).data)
+                else:
+                    target, _ = prepare_rl(stage.blend, options)
             except DataError as exc:
                 raise PipelineError(f"stage {stage.name}: data prep failed: {exc}") from None
         prepared[stage.name] = target
@@ -208,7 +213,7 @@ def stage_recipe(
         format_override("policy.model", model),
         "checkpoint.export_hf=true",
     ]
-    return load_recipe(stage.recipe, [*wiring, *overrides])
+    return load_recipe(stage.recipe, [*wiring, *stage.overrides, *overrides])
 
 
 def stage_done(stage_dir: Path) -> bool:
@@ -217,36 +222,6 @@ def stage_done(stage_dir: Path) -> bool:
 
 def stage_result(stage: PipelineStage, stage_dir: Path, wall_s: float) -> StageResult:
     return stage_result_from_folder(stage.name, stage_dir, wall_s)
-
-
-def stage_lineage(recipe: RecipeConfig, recipe_name: str, stage_dir: Path) -> dict[str, Any]:
-    """Where a stage's weights come from and what they are trained on: the starting model
-    as the recipe names it and, for a folder (an earlier stage's export), its absolute
-    path; the rows; where the stage writes its own export."""
-    folder = StageFolder(stage_dir)
-    parent = Path(recipe.policy.model).expanduser()
-    data: dict[str, Any] = {"train_path": recipe.data.train_path, "val_path": recipe.data.val_path}
-    if recipe.data.train_path:  # a prepared blend: <blend>/train/data.jsonl + manifest
-        manifest = Path(recipe.data.train_path).parent.parent / BLEND_MANIFEST
-        if manifest.is_file():
-            prepared = json.loads(manifest.read_text())
-            data |= {"dir": str(manifest.parent), "sources": prepared.get("sources", {})}
-            data["splits"] = prepared.get("splits", {})
-    return {
-        "stage": recipe.stage,
-        "recipe": recipe_name,
-        "parent_model": recipe.policy.model,
-        "parent_model_path": str(parent.resolve()) if parent.is_dir() else None,
-        "data": data,
-        "output": {"hf": str(folder.hf), "checkpoints": str(folder.checkpoints())},
-    }
-
-
-def write_lineage(stage_dir: Path, recipe: RecipeConfig, recipe_name: str, **extra: str) -> None:
-    """<stage_dir>/lineage.json: stage_lineage, plus `extra` (a pipeline's stage and blend
-    names). Written before the trainer starts, by `rlfleet run` and `rlfleet rl` alike."""
-    lineage = {**stage_lineage(recipe, recipe_name, stage_dir), **extra}
-    StageFolder(stage_dir).lineage.write_text(json.dumps(lineage, indent=2) + "\n")
 
 
 class TrainerProcess:
@@ -321,56 +296,113 @@ def run_pipeline(
     spec: RunSpec,
     *,
     resume: bool,
+    until: str | None = None,
     progress: Progress | None = None,
     log: Callable[[str], None] = print,
     pipeline: Pipeline | None = None,
     preflight: Preflight | None = None,
 ) -> Path:
     """Run (or continue) the pipeline in `out` (`spec.pipeline`, unless `pipeline` is
-    given); returns the report's path. `preflight` checks the machine first."""
+    given) up to stage `until` (None: to the end and the end-of-run measurements);
+    returns the report's path. `preflight` checks the machine first."""
     spec, pipeline = start_run(out, spec, resume, pipeline, preflight)
+    last = stage_index(pipeline, until, "--to") if until is not None else len(pipeline.stages) - 1
     data = prepare_data(pipeline, out)
     recipes = [
         stage_recipe(pipeline, i, out, data[s.name], spec.overrides)
         for i, s in enumerate(pipeline.stages)
     ]
     walls = read_walls(out)
-    pending = [i for i, s in enumerate(pipeline.stages) if not stage_done(stage_path(out, s))]
-    if pending:
-        log(f"starting {', '.join(pipeline.services)} (logs in {PipelineFolder(out).logs})")
-        overrides = {"rollout": [f"engine={spec.engine}", format_override("model", pipeline.model)]}
-        with LocalFleet(pipeline.services, out, overrides=overrides) as fleet:
-            targets = {"rollout": fleet.target("rollout"), "reward": fleet.target("reward")}
-            for index in pending:
+    done = [stage_done(stage_path(out, s)) for s in pipeline.stages]
+    pending = [i for i in range(last + 1) if not done[i]]
+    end = EndMeasures(out, pipeline)
+    at_end = last == len(pipeline.stages) - 1
+    judged = [i for i in range(last + 1) if end.win_rate_due(pipeline.stages[i])]
+    regression = at_end and end.regression_due()
+    end_needs = ("sandbox", "reward", "rollout") if regression else ()
+    rollout = [f"engine={spec.engine}", format_override("model", pipeline.model), *pipeline.rollout]
+    plans = pipeline_fleet(recipes, spec.engine, rollout, end_needs)
+    work = sorted({*pending, *judged})
+    if work or regression:
+        first = work[0] if work else last
+        services, overrides = plans[first]
+        log(f"starting {', '.join(services)} (logs in {PipelineFolder(out).logs})")
+        with LocalFleet(services, out, overrides=overrides, say=log) as fleet:
+            for index in work:
+                fleet.change(*plans[index])
                 stage, recipe = pipeline.stages[index], recipes[index]
-                stage_dir = stage_path(out, stage)
-                started = time.monotonic()
-
-                def on_poll(rows: list[dict[str, Any]], phase: str, index: int = index) -> None:
-                    if progress is not None:
-                        progress(
-                            StageProgress(
-                                stage=pipeline.stages[index].name,
-                                index=index,
-                                total_stages=len(pipeline.stages),
-                                step=int(rows[-1]["step"]) if rows else 0,
-                                max_steps=recipes[index].grpo.max_num_steps,
-                                phase=phase,
-                                reward=float(rows[-1].get("reward/mean", 0.0)) if rows else None,
-                            )
-                        )
-
-                stage_dir.mkdir(parents=True, exist_ok=True)
-                write_lineage(
-                    stage_dir.resolve(), recipe, stage.recipe, stage=stage.name, blend=stage.blend
-                )
-                resuming = resume and StageFolder(stage_dir).checkpoints().exists()
-                run_stage(stage_dir, recipe, targets, resuming, on_poll)
-                walls[stage.name] = walls.get(stage.name, 0.0) + time.monotonic() - started
-                PipelineFolder(out).walls.write_text(json.dumps(walls, indent=2) + "\n")
-    results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in pipeline.stages]
+                if index in pending:
+                    started = time.monotonic()
+                    _train(out, pipeline, index, recipe, _targets(fleet), resume, progress)
+                    walls[stage.name] = walls.get(stage.name, 0.0) + time.monotonic() - started
+                    PipelineFolder(out).walls.write_text(json.dumps(walls, indent=2) + "\n")
+                if end.win_rate_due(stage):
+                    log(f"{stage.name}: judging its held-out answers against its start ...")
+                    rate = end.run_win_rate(stage, _targets(fleet))
+                    log(
+                        f"{stage.name}: GenRM win rate vs its start {rate['win_rate']:.3f} "
+                        f"over {rate['pairs']:.0f} pairs"
+                    )
+            if regression:
+                services = sorted({*fleet.services, *end_needs})
+                fleet.change(services, {**fleet.overrides, **plans[-1][1]})
+                log("measuring the final weights on earlier stages' held-out sets ...")
+                end.run_regression(_targets(fleet))
+    if not at_end and until is not None:
+        log(f"stopped after {until} (--to); continue with `rlfleet run --resume --out {out}`")
+    shown = [s for i, s in enumerate(pipeline.stages) if i <= last or done[i]]
+    results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in shown]
     log_stage_summaries(out, recipes[0].logger, pipeline.name, results)
-    return write_report(out, results)
+    return write_report(out, results, end_of_run_sections(out, pipeline, results))
+
+
+def lineage_extra(pipeline: Pipeline, index: int) -> dict[str, str | None]:
+    """A pipeline stage's names in its lineage: pipeline, stage, blend, parent stage."""
+    stage = pipeline.stages[index]
+    parent = pipeline.stages[index - 1].name if index > 0 else None
+    return {
+        "pipeline": pipeline.name,
+        "stage": stage.name,
+        "blend": stage.blend,
+        "parent_stage": parent,
+    }
+
+
+def _targets(fleet: LocalFleet) -> dict[str, str]:
+    return {"rollout": fleet.target("rollout"), "reward": fleet.target("reward")}
+
+
+def _train(
+    out: Path,
+    pipeline: Pipeline,
+    index: int,
+    recipe: RecipeConfig,
+    targets: dict[str, str],
+    resume: bool,
+    progress: Progress | None,
+) -> None:
+    """One stage: its lineage, then its trainer to the end (resumed from its checkpoint)."""
+    stage = pipeline.stages[index]
+    stage_dir = stage_path(out, stage)
+
+    def on_poll(rows: list[dict[str, Any]], phase: str) -> None:
+        if progress is not None:
+            progress(
+                StageProgress(
+                    stage=stage.name,
+                    index=index,
+                    total_stages=len(pipeline.stages),
+                    step=int(rows[-1]["step"]) if rows else 0,
+                    max_steps=recipe.grpo.max_num_steps,
+                    phase=phase,
+                    reward=float(rows[-1].get("reward/mean", 0.0)) if rows else None,
+                )
+            )
+
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    write_lineage(stage_dir.resolve(), recipe, stage.recipe, **lineage_extra(pipeline, index))
+    resuming = resume and StageFolder(stage_dir).checkpoints().exists()
+    run_stage(stage_dir, recipe, targets, resuming, on_poll)
 
 
 def stage_path(out: Path, stage: PipelineStage) -> Path:

@@ -226,8 +226,10 @@ def plot_heldout_by_env(stages: list[StageResult], envs: list[str], path: Path) 
     return path
 
 
-def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
-    """Write report.json, report.md and plots/ under run_dir; return report.md."""
+def write_report(run_dir: Path, stages: list[StageResult], sections: Any | None = None) -> Path:
+    """Write report.json, report.md and plots/ under run_dir; return report.md.
+    `sections` (report_sections.Sections: markdown `lines`, JSON `data`) adds a pipeline's
+    stage measures and regression table."""
     folder = PipelineFolder(run_dir)
     plots = []
     totals = []
@@ -267,6 +269,8 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
                 for e in envs
             ]
             lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
+    if sections is not None:
+        lines += sections.lines
     lines += _tool_call_lines(stages)
     lines += ["", 'Failures (docs/trainer.md, "Failures"):', ""]
     lines += [f"- {s.stage}: {_failure_line(t)}" for s, t in zip(stages, totals, strict=True)]
@@ -286,7 +290,8 @@ def write_report(run_dir: Path, stages: list[StageResult]) -> Path:
                 "stages": [
                     {**asdict(s), "failures": asdict(t), **e}
                     for s, t, e in zip(stages, totals, extras, strict=True)
-                ]
+                ],
+                **(sections.data if sections is not None else {}),
             },
             indent=2,
         )

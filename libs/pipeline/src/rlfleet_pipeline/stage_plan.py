@@ -125,3 +125,36 @@ def swe_episode_overrides(recipe: RecipeConfig) -> list[str]:
         f"episodes.close_timeout_s={min(1800.0, inside):g}",
         f"episodes.idle_timeout_s={max(600.0, recipe.multi_turn.max_trajectory_time_s):g}",
     ]
+
+
+def pipeline_fleet(
+    recipes: list[RecipeConfig],
+    engine: str,
+    rollout: list[str],
+    end_services: tuple[str, ...] = (),
+) -> list[tuple[list[str], dict[str, list[str]]]]:
+    """One fleet for a pipeline's stages: (services, overrides) per stage. A stage gets
+    what it needs (local_services), keeps what it had that a later stage or the end of
+    the run (`end_services`) still needs, and drops the rest (the swe-runner after the
+    last swe stage); a service keeps its overrides while a stage that does not use it
+    runs. The policy's rollout is given `rollout` for the whole run (its model is the
+    pipeline's start; each stage's trainer publishes its own weights first)."""
+    needs = [local_services(r) for r in recipes]
+    plans: list[tuple[list[str], dict[str, list[str]]]] = []
+    running: list[str] = []
+    overrides: dict[str, list[str]] = {}
+    for index, recipe in enumerate(recipes):
+        later = {s for need in needs[index + 1 :] for s in need} | set(end_services)
+        running = [
+            s for s in SERVICE_ORDER_ALL if s in needs[index] or (s in running and s in later)
+        ]
+        planned = rollout_overrides(recipe, engine)
+        planned["rollout"] = list(rollout)
+        overrides = {
+            s: planned.get(s, []) if s in needs[index] else overrides.get(s, []) for s in running
+        }
+        plans.append((running, overrides))
+    return plans
+
+
+SERVICE_ORDER_ALL = ("sandbox", "judge", "reward", "rollout", "swe-runner")

@@ -1,6 +1,7 @@
 """`rlfleet-trainer`: serve the trainer (same flags as `rlfleet serve trainer`), or
 `rlfleet-trainer run -c recipe.yaml --run-dir DIR [--resume] [--rows rows.jsonl] [k=v ...]`
-to train one stage in this process — or, under torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
+to train one stage in this process (`rlfleet-trainer eval ...`: one set of weights on
+several recipes' held-out sets, rlfleet_trainer.evaluate) — or, under torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT in the environment), as one rank of a data-parallel stage."""
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         # is diagnosed without a debugger on the node.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         sys.exit(run_main(argv[1:]))
+    if argv and argv[0] == "eval":
+        from rlfleet_trainer.evaluate import eval_main
+
+        sys.exit(eval_main(argv[1:]))
     service_main(SERVICE, argv)
 
 

@@ -73,7 +73,7 @@ def rl(
     from rich.markup import escape
     from rlfleet_pipeline.caches import use_cache_dir
     from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, load_profile
-    from rlfleet_pipeline.pipeline import write_lineage
+    from rlfleet_pipeline.lineage import write_lineage
     from rlfleet_pipeline.preflight import preflight
     from rlfleet_pipeline.recipes import load_recipe
     from rlfleet_pipeline.stage import (
@@ -166,7 +166,8 @@ def _write_report(run_dir: Path, recipe: RecipeConfig, config: str, wall_s: floa
     run` writes one per pipeline: held-out reward before/after, rewards and failures."""
     from rich.markup import escape
     from rlfleet_contracts.run_folder import StageFolder
-    from rlfleet_pipeline.pipeline import PipelineStage, stage_result
+    from rlfleet_pipeline.pipeline import stage_result
+    from rlfleet_pipeline.pipelines import PipelineStage
     from rlfleet_pipeline.report import write_report
 
     folder = StageFolder(run_dir)

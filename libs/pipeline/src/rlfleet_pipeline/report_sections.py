@@ -1,0 +1,147 @@
+"""The pipeline report's stage-kind sections: each stage's own measure of success, said
+plainly when it did not move, and the end-of-run regression table.
+
+- rlvr: held-out reward; swe1 (pivot): held-out share of demonstrated tool calls matched;
+  swe2: held-out resolve rate (trajectories whose tests pass); rlhf: GenRM win rate of the
+  stage's answers against its start's; dpo: held-out hallucination rate (lower is better).
+- Regressions: for each earlier stage measured again at the end (pipeline_end), its
+  held-out reward right after it trained and on the final weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlfleet_contracts.run_folder import PipelineFolder
+
+from rlfleet_pipeline.pipeline_end import REGRESSION_RESULTS, stage_kind_of
+from rlfleet_pipeline.pipelines import Pipeline
+from rlfleet_pipeline.report import StageResult
+
+MOVED = 1e-9
+
+
+@dataclass
+class Sections:
+    lines: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    """Merged into report.json."""
+
+
+def _detail(stage: StageResult, label: str, key: str) -> float | None:
+    value = stage.heldout_details.get(label, {}).get(key)
+    return None if value is None or not math.isfinite(value) else value
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def stage_measure(stage: StageResult, kind: str, stage_dir: Path) -> dict[str, Any]:
+    """{metric, before, after, better}: the stage kind's measure (module docstring)."""
+    if kind == "swe2":
+        return {
+            "metric": "held-out resolve rate",
+            "before": _detail(stage, "before", "accuracy"),
+            "after": _detail(stage, "after", "accuracy"),
+            "better": "higher",
+        }
+    if kind == "rlhf":
+        path = stage_dir / "genrm_win_rate.json"
+        rate = json.loads(path.read_text()) if path.is_file() else {}
+        win = rate.get("win_rate")
+        return {
+            "metric": "GenRM win rate vs the stage's start",
+            "before": 0.5,  # the start against itself
+            "after": win if isinstance(win, float) and math.isfinite(win) else None,
+            "better": "higher",
+            "pairs": rate.get("pairs"),
+        }
+    if kind == "dpo":
+        return {
+            "metric": "held-out hallucination rate",
+            "before": _detail(stage, "before", "hallucination_rate"),
+            "after": _detail(stage, "after", "hallucination_rate"),
+            "better": "lower",
+        }
+    metric = "held-out demonstrated-call match" if kind == "swe1" else "held-out reward"
+    return {
+        "metric": metric,
+        "before": _finite(stage.heldout_reward_before),
+        "after": _finite(stage.heldout_reward_after),
+        "better": "higher",
+    }
+
+
+def verdict(measure: dict[str, Any]) -> str:
+    before, after = measure["before"], measure["after"]
+    if before is None or after is None:
+        return "not measured"
+    if abs(after - before) <= MOVED:
+        return "did not move"
+    improved = (after > before) == (measure["better"] == "higher")
+    return "improved" if improved else "got worse"
+
+
+def end_of_run_sections(out: Path, pipeline: Pipeline, stages: list[StageResult]) -> Sections:
+    folder = PipelineFolder(out)
+    sections = Sections()
+    measures = {}
+    kinds = {
+        s.name: (s.name if s.name in ("swe1", "swe2") else stage_kind_of(s))
+        for s in pipeline.stages
+    }
+    lines = [
+        "",
+        "Each stage's own measure (before → after the stage):",
+        "",
+        "| stage | measure | before | after | outcome |",
+        "| --- | --- | ---: | ---: | --- |",
+    ]
+    for stage in stages:
+        measure = stage_measure(stage, kinds.get(stage.stage, ""), folder.stage(stage.stage).root)
+        measures[stage.stage] = {**measure, "outcome": verdict(measure)}
+        lines.append(
+            f"| {stage.stage} | {measure['metric']} | {_cell(measure['before'])} | "
+            f"{_cell(measure['after'])} | {measures[stage.stage]['outcome']} |"
+        )
+    sections.lines += lines
+    sections.data["measures"] = measures
+    results_path = folder.regression / REGRESSION_RESULTS
+    if results_path.is_file():
+        final = json.loads(results_path.read_text())
+        by_name = {s.stage: s for s in stages}
+        rows = []
+        for name, result in final.items():
+            after_stage = by_name[name].heldout_reward_after if name in by_name else float("nan")
+            at_end = float(result.get("reward", float("nan")))
+            rows.append({"stage": name, "after_stage": after_stage, "at_end": at_end})
+        sections.data["regression"] = rows
+        sections.lines += [
+            "",
+            f"Regressions: the final weights ({pipeline.stages[-1].name}'s export) on earlier "
+            f"stages' held-out sets ({folder.regression.name}/):",
+            "",
+            "| held-out set | after its stage | at the end | change |",
+            "| --- | ---: | ---: | ---: |",
+            *(
+                f"| {r['stage']} | {_cell(r['after_stage'])} | {_cell(r['at_end'])} | "
+                f"{_delta(r['after_stage'], r['at_end'])} |"
+                for r in rows
+            ),
+        ]
+    return sections
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def _delta(before: float, after: float) -> str:
+    if not (math.isfinite(before) and math.isfinite(after)):
+        return "—"
+    return f"{after - before:+.3f}"
