@@ -219,3 +219,21 @@ def sandbox_and_reward(
             stop_service(reward)
     finally:
         stop_service(sandbox)
+
+
+# --- headless Chromium (tests/test_fleet_ui.py) --------------------------------------------
+
+REQUIRE_CHROMIUM = "RLFLEET_REQUIRE_CHROMIUM"
+"""Set to 1 (as .ci/run does) to make browser tests fail, not skip, without Chromium."""
+
+
+def require_chromium() -> str:
+    """The `chromium` executable; skips the calling test without one, or fails when
+    RLFLEET_REQUIRE_CHROMIUM=1 (CI)."""
+    found = shutil.which("chromium")
+    if found is not None:
+        return found
+    message = "no `chromium` on PATH (apt-get install -y --no-install-recommends chromium)"
+    if os.environ.get(REQUIRE_CHROMIUM) == "1":
+        pytest.fail(f"{message} — and {REQUIRE_CHROMIUM}=1 makes this a failure", pytrace=False)
+    pytest.skip(message)

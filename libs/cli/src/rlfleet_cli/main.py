@@ -10,7 +10,19 @@ from __future__ import annotations
 
 import typer
 
-from rlfleet_cli.commands import bench, config, data, doctor, report, reward, rl, run, serve
+from rlfleet_cli.commands import (
+    bench,
+    config,
+    data,
+    doctor,
+    report,
+    reward,
+    rl,
+    run,
+    serve,
+    status,
+    web,
+)
 
 app = typer.Typer(
     name="rlfleet",
@@ -25,6 +37,8 @@ app = typer.Typer(
 app.command()(serve.version)
 app.command(context_settings={"allow_extra_args": False})(serve.serve)
 app.command()(serve.up)
+app.command()(status.status)
+app.command()(web.ui)
 app.command()(doctor.doctor)
 app.command()(run.run)
 app.add_typer(data.data_app, name="data")
