@@ -3,7 +3,7 @@ it either passes, and then the trainer's own start checks pass too, or it fails 
 one line the start prints. The start here is the real thing where it is cheap: `rlfleet
 rl` without --dry-run, the trainer's `rlfleet-trainer run` and a service's own entry
 point, each a process of its own. (The tiny recipes' dry-runs pass; that they then train
-is test_chain.py, and tests/test_run_pipeline.py for `rlfleet run`.)"""
+is test_chain.py, and tests/test_six_stages.py for `rlfleet run`.)"""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from rlfleet_pipeline.pipeline import (
     stage_result,
     start_run,
 )
-from rlfleet_pipeline.pipelines import TINY
+from rlfleet_pipeline.pipelines import TINY, TINY_RLVR
 
 
 def test_new_run_writes_its_spec_and_refuses_to_overwrite(tmp_path: Path) -> None:
@@ -77,7 +77,11 @@ def test_stages_chain_their_weights_and_data(tmp_path: Path) -> None:
 
 def test_tiny_blends_prepare_with_held_out_rows(tmp_path: Path) -> None:
     prepared = prepare_data(TINY, tmp_path)
-    for stage in TINY.stages:
+    held_out = {"swe1": 15, "swe2": 1, "rlhf": 16}  # one instance's turns; 1 of 4; 16 of 128
+    for stage in TINY.stages[3:]:
+        manifest = json.loads((prepared[stage.name] / "manifest.json").read_text())
+        assert manifest["splits"]["val"]["rows"] == held_out[stage.name], stage.name
+    for stage in TINY_RLVR.stages:
         manifest = json.loads((prepared[stage.name] / "manifest.json").read_text())
         assert manifest["splits"]["val"]["rows"] == 100
         assert manifest["splits"]["train"]["rows"] == 200
@@ -87,8 +91,8 @@ def test_tiny_blends_prepare_with_held_out_rows(tmp_path: Path) -> None:
     messages = math_rows[0]["responses_create_params"]["input"]
     assert [m["role"] for m in messages] == ["system", "user"]
     assert messages[1]["content"].endswith("Reply with only the answer.")
-    # Every stage mixes three environments, in train and held-out rows alike.
-    for stage in TINY.stages:
+    # Every RLVR stage mixes three environments, in train and held-out rows alike.
+    for stage in TINY_RLVR.stages:
         splits = json.loads((prepared[stage.name] / "manifest.json").read_text())["splits"]
         for split in ("train", "val"):
             assert set(splits[split]["env_mix"]) == {

@@ -45,6 +45,7 @@ from rlfleet_pipeline.fleet import LocalFleet, tail_lines
 from rlfleet_pipeline.lineage import write_lineage
 from rlfleet_pipeline.pipeline_end import EndMeasures
 from rlfleet_pipeline.pipelines import PIPELINES, Pipeline, PipelineStage
+from rlfleet_pipeline.preflight import ensure_swe_images
 from rlfleet_pipeline.recipes import load_recipe
 from rlfleet_pipeline.report import StageResult, read_metrics, write_report
 from rlfleet_pipeline.report_sections import end_of_run_sections
@@ -278,9 +279,12 @@ def run_stage(
         trainer.stop()
     on_poll(read_metrics(folder.metrics), "done")
     if trainer.process.returncode != 0:
+        out = stage_dir.parent.parent  # <out>/stages/<stage>
         raise PipelineError(
             f"stage {recipe.stage}: the trainer {trainer_end(trainer.process.returncode)}; "
-            f"last lines of {trainer.log_path}:\n{trainer.log_tail()}"
+            f"last lines of {trainer.log_path}:\n{trainer.log_tail()}\n"
+            f"continue with `rlfleet run --resume --out {out}` (the stage resumes from its "
+            "last checkpoint)"
         )
 
 
@@ -315,6 +319,10 @@ def run_pipeline(
     walls = read_walls(out)
     done = [stage_done(stage_path(out, s)) for s in pipeline.stages]
     pending = [i for i in range(last + 1) if not done[i]]
+    try:
+        ensure_swe_images([recipes[i] for i in pending], log)
+    except ValueError as exc:
+        raise PipelineError(str(exc)) from None
     end = EndMeasures(out, pipeline)
     at_end = last == len(pipeline.stages) - 1
     judged = [i for i in range(last + 1) if end.win_rate_due(pipeline.stages[i])]

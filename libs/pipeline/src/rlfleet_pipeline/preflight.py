@@ -21,6 +21,8 @@ import importlib.util
 import json
 import re
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
@@ -294,3 +296,33 @@ def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str
         or start_problem(recipe, trainer_world_size(recipe, profile))
         or (swe_image_problem(recipe) if local else None)
     )
+
+
+def ensure_swe_images(recipes: list[RecipeConfig], say: Callable[[str], None]) -> None:
+    """Before a pipeline with `swe_agent` stages starts: build (or find cached) the SWE
+    instance images its rows name, so that the swe stage does not fail after the earlier
+    stages trained. The base image comes from the checkout's deploy/docker/build-base.sh
+    when missing; image builds are cached by content, so a second run builds nothing.
+    Raises ValueError with what to do when Docker or a build fails."""
+    problems = [p for r in recipes if (p := swe_image_problem(r)) is not None]
+    if not problems:
+        return
+    if "Docker engine" in problems[0]:
+        raise ValueError(
+            f"{problems[0]}. The swe2 stage runs every episode in a container: start a Docker "
+            "engine, or stop before it with `--to swe1`"
+        )
+    say("building the SWE instance images (once; cached by content) ...")
+    base = Path(__file__).resolve().parents[4] / "deploy" / "docker" / "build-base.sh"
+    steps = [[str(base)]] if base.is_file() else []
+    steps.append([sys.executable, "-m", "rlfleet_swe.images"])
+    for command in steps:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+        if done.returncode != 0:
+            raise ValueError(
+                f"`{' '.join(command)}` failed ({done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-1500:]}"
+            )
+    left = [p for r in recipes if (p := swe_image_problem(r)) is not None]
+    if left:
+        raise ValueError(left[0])
