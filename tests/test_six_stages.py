@@ -2,8 +2,9 @@
 them, interrupted twice and continued with --resume each time:
 
 1. Ctrl-C in the middle of rlvr2 (exit 130, services gone, stage 1 untouched later);
-2. kill -9 of the trainer in the middle of swe1 (the run fails, naming the signal);
-3. `--resume` completes the pipeline.
+2. kill -9 of the reward gateway in the middle of rlvr3 (the run stops, naming it);
+3. kill -9 of the trainer in the middle of swe1 (the run fails, naming the signal);
+4. `--resume` completes the pipeline.
 
 Then checks the run folder: every stage finished from the previous stage's export
 (lineage with hashes and parents), swe1's ledger is exactly the ledger of an uninterrupted
@@ -68,8 +69,8 @@ def _wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen[byt
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _trainer_pids(stage_dir: Path) -> list[int]:
-    """The trainer processes training `stage_dir` (from /proc: no extra dependency)."""
+def _pids(*markers: bytes) -> list[int]:
+    """Processes whose command line has every one of `markers` (from /proc)."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -78,9 +79,13 @@ def _trainer_pids(stage_dir: Path) -> list[int]:
             args = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"rlfleet_trainer" in args and b"run" in args and str(stage_dir).encode() in args:
+        if all(any(marker in arg for arg in args) for marker in markers):
             pids.append(int(proc.name))
     return pids
+
+
+def _trainer_pids(stage_dir: Path) -> list[int]:
+    return _pids(b"rlfleet_trainer", str(stage_dir).encode())
 
 
 def _ledger(stage_dir: Path) -> list[tuple[str, str, int]]:
@@ -113,6 +118,10 @@ def _interrupt(out: Path, hold: str, wait_for: Path, how: str) -> str:
         _wait_for(lambda: any(wait_for.glob("step_*")), 900, f"a checkpoint in {wait_for}", run)
         if how == "ctrl-c":
             run.send_signal(signal.SIGINT)
+        elif how == "kill-9-reward":
+            ports = str(out / "logs" / "reward.ports.json").encode()
+            for pid in _pids(b"rlfleet_reward", ports):
+                os.kill(pid, signal.SIGKILL)
         else:
             stage_dir = wait_for.parent
             _wait_for(lambda: bool(_trainer_pids(stage_dir)), 60, "the trainer's pid", run)
@@ -139,6 +148,13 @@ def test_six_stages_survive_ctrl_c_and_kill_9_and_resume(tmp_path: Path) -> None
     assert "Traceback" not in output, output[-3000:]
     assert not (stages / "rlvr2" / "summary.json").exists()
     rlvr1_metrics = (stages / "rlvr1" / "metrics.jsonl").read_text()
+
+    output = _interrupt(
+        out, "rlvr3:after_checkpoint:1", stages / "rlvr3" / "checkpoints", "kill-9-reward"
+    )
+    assert "stage rlvr3 stopped: reward exited with code -9" in output, output[-3000:]
+    assert f"rlfleet run --resume --out {out}" in output, output[-3000:]
+    assert not (stages / "rlvr3" / "summary.json").exists()
 
     output = _interrupt(out, "swe1:after_checkpoint:1", stages / "swe1" / "checkpoints", "kill-9")
     assert "stage swe1: the trainer was killed by SIGKILL" in output, output[-3000:]

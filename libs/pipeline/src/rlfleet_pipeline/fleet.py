@@ -26,9 +26,10 @@ require it and every rlfleet client started here (the trainer, the curriculum pa
 in-process clients) sends it. `stop()` restores the variable.
 
 Caches: with RLFLEET_CACHE_DIR set, the cache variables derived from it
-(`rlfleet_pipeline.caches`: HF_HOME, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR,
-VLLM_CACHE_ROOT, UV_CACHE_DIR) are set in this process in the same way while the fleet
-runs, so the services and the trainer started beside them share one cache folder.
+(`rlfleet_pipeline.caches`) are set in this process while the fleet runs, likewise.
+
+A pipeline changes the running fleet between stages (`change`): services that stay as
+they were keep running, others stop, start or restart.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from rlfleet_core.ports import read_port_file
 
 from rlfleet_pipeline.caches import cache_env
 from rlfleet_pipeline.services import service_command
+from rlfleet_pipeline.startup_times import StartupTimes
 
 # Dependencies first (the reward gateway calls the sandbox); stopped in reverse. `judge` is
 # a second rollout service serving the judge model (services.SERVICE_INSTANCES).
@@ -77,29 +79,6 @@ def tail_lines(path: Path, lines: int) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-@dataclass
-class StartupTimes:
-    """Seconds from the fleet's start to each milestone of one service (None: not reached)."""
-
-    spawned_s: float | None = None
-    bound_s: float | None = None
-    """Both ports bound and reported (the port file is written)."""
-    serving_s: float | None = None
-    """Health answered SERVING: the service's heavy start-up (model load...) is done."""
-
-    def row(self) -> dict[str, float | None]:
-        def span(a: float | None, b: float | None) -> float | None:
-            return None if a is None or b is None else round(b - a, 3)
-
-        return {
-            "spawned_s": None if self.spawned_s is None else round(self.spawned_s, 3),
-            "bound_s": None if self.bound_s is None else round(self.bound_s, 3),
-            "serving_s": None if self.serving_s is None else round(self.serving_s, 3),
-            "bind_s": span(self.spawned_s, self.bound_s),
-            "load_s": span(self.bound_s, self.serving_s),
-        }
 
 
 @dataclass
@@ -367,6 +346,15 @@ class LocalFleet:
             for line in self.report_lines():
                 self.say(line)
         return new
+
+    def exited(self) -> str | None:
+        """A line naming the first service that is no longer running (its exit code and
+        log tail), or None while every one runs: a pipeline stops its stage on it."""
+        for name, proc in self.processes.items():
+            code = proc.process.poll()
+            if code is not None:
+                return f"{name} exited with code {code}; last log lines ({proc.log_path}):\n{proc.log_tail()}"
+        return None
 
     def report(self) -> dict[str, object]:
         """The start-up report: seconds from the fleet's start, per service."""

@@ -261,8 +261,10 @@ def run_stage(
     resume: bool,
     on_poll: Callable[[list[dict[str, Any]], str], None],
     poll_s: float = 1.0,
+    service_down: Callable[[], str | None] = lambda: None,
 ) -> None:
-    """Train one stage to completion; raises PipelineError if the trainer fails."""
+    """Train one stage to completion; raises PipelineError if the trainer fails, or stops
+    it when `service_down` names a service that is gone (kill -9, a crash)."""
     stage_dir.mkdir(parents=True, exist_ok=True)
     folder = StageFolder(stage_dir)
     recipe_file = folder.recipe_yaml
@@ -271,15 +273,20 @@ def run_stage(
     if resume:
         extra.insert(0, "--resume")
     trainer = TrainerProcess(trainer_command(recipe_file, stage_dir, extra), folder.trainer_log)
+    out = stage_dir.parent.parent  # <out>/stages/<stage>
     try:
         while trainer.process.poll() is None:
             on_poll(read_metrics(folder.metrics), current_phase(stage_dir))
+            if (down := service_down()) is not None:
+                raise PipelineError(
+                    f"stage {recipe.stage} stopped: {down}\ncontinue with `rlfleet run "
+                    f"--resume --out {out}` (the stage resumes from its last checkpoint)"
+                )
             time.sleep(poll_s)
     finally:
         trainer.stop()
     on_poll(read_metrics(folder.metrics), "done")
     if trainer.process.returncode != 0:
-        out = stage_dir.parent.parent  # <out>/stages/<stage>
         raise PipelineError(
             f"stage {recipe.stage}: the trainer {trainer_end(trainer.process.returncode)}; "
             f"last lines of {trainer.log_path}:\n{trainer.log_tail()}\n"
@@ -341,7 +348,7 @@ def run_pipeline(
                 stage, recipe = pipeline.stages[index], recipes[index]
                 if index in pending:
                     started = time.monotonic()
-                    _train(out, pipeline, index, recipe, _targets(fleet), resume, progress)
+                    _train(out, pipeline, index, recipe, fleet, resume, progress)
                     walls[stage.name] = walls.get(stage.name, 0.0) + time.monotonic() - started
                     PipelineFolder(out).walls.write_text(json.dumps(walls, indent=2) + "\n")
                 if end.win_rate_due(stage):
@@ -385,7 +392,7 @@ def _train(
     pipeline: Pipeline,
     index: int,
     recipe: RecipeConfig,
-    targets: dict[str, str],
+    fleet: LocalFleet,
     resume: bool,
     progress: Progress | None,
 ) -> None:
@@ -410,7 +417,7 @@ def _train(
     stage_dir.mkdir(parents=True, exist_ok=True)
     write_lineage(stage_dir.resolve(), recipe, stage.recipe, **lineage_extra(pipeline, index))
     resuming = resume and StageFolder(stage_dir).checkpoints().exists()
-    run_stage(stage_dir, recipe, targets, resuming, on_poll)
+    run_stage(stage_dir, recipe, _targets(fleet), resuming, on_poll, service_down=fleet.exited)
 
 
 def stage_path(out: Path, stage: PipelineStage) -> Path:
