@@ -12,18 +12,84 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlfleet_core.tracking import LoggerConfig, MetricsLogger, TrackingError, tracker_name
+from rlfleet_core.tracking import (
+    NEMO_RL_NAMES,
+    OWN_NAMES,
+    LoggerConfig,
+    MetricsLogger,
+    TrackingError,
+    tracker_name,
+)
 
 
 def test_names_follow_nemo_rl_and_never_collide() -> None:
     assert tracker_name("reward/mean") == "train/reward"
     assert tracker_name("loss") == "train/loss"
-    assert tracker_name("val/accuracy") == "validation/accuracy"
     assert tracker_name("timing/step_s") == "timing/train/total_step_time"
-    assert tracker_name("timing/train_s") == "timing/train/train_s"
+    assert tracker_name("timing/train_s") == "timing/train/policy_training"
+    assert tracker_name("timing/publish_s") == "timing/train/publish_s"
     assert tracker_name("reward/math") == "train/reward_by_env/math"
     assert tracker_name("val/reward/math") == "validation/reward_by_env/math"
     assert tracker_name("math/reward/mean") == "train/math/reward/mean"
+
+
+# Checked against NVIDIA-NeMo/RL (docs/trainer.md "Trackers" names the files and commit).
+NEMO_RL_CHECKED = {
+    # grpo.py: the step's `metrics` dict, logged with prefix "train"
+    "reward/mean": "train/reward",
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "lr": "train/lr",
+    "dynamic_sampling/rounds": "train/dynamic_sampling_num_gen_batches",
+    "policy_lag/mean": "train/avg_trajectory_age",
+    # loss/loss_functions.py: ClippedPGLossFn's metrics, merged into the same dict
+    "ratio_mean": "train/probs_ratio",
+    "kl": "train/kl_penalty",
+    "token_mult_prob_error": "train/token_mult_prob_error",
+    "is_oob_ratio": "train/is_oob_ratio",
+    # experience/rollouts.py: rollout metrics, merged into the same dict
+    "response_length/mean": "train/mean_gen_tokens_per_sample",
+    "response_length/max": "train/max_gen_tokens_per_sample",
+    "truncated_fraction": "train/truncation_rate",
+    # grpo.py: timer keys, logged with prefix "timing/train"
+    "timing/step_s": "timing/train/total_step_time",
+    "timing/logprobs_s": "timing/train/policy_and_reference_logprobs",
+    "timing/train_s": "timing/train/policy_training",
+    # grpo.py validate(): accuracy = mean reward over the rollouts, prefix "validation"
+    "val/reward": "validation/accuracy",
+}
+
+
+@pytest.mark.parametrize(("jsonl", "tracker"), sorted(NEMO_RL_CHECKED.items()))
+def test_quantities_nemo_rl_also_logs_take_its_name(jsonl: str, tracker: str) -> None:
+    assert tracker_name(jsonl) == tracker
+
+
+@pytest.mark.parametrize(
+    ("jsonl", "tracker"),
+    [
+        # NeMo-RL's validation/accuracy is the mean reward; ours is the full-reward share
+        ("val/accuracy", "validation/full_reward_fraction"),
+        # NeMo-RL's train/advantages/{mean,min,max} are over response tokens
+        ("advantages/mean", "train/advantages_per_sample/mean"),
+        ("advantages/std", "train/advantages_per_sample/std"),
+        ("advantages/min", "train/advantages_per_sample/min"),
+        ("advantages/max", "train/advantages_per_sample/max"),
+        # no NeMo-RL counterpart (its approx_entropy is a sampled estimate): the layout
+        ("entropy", "train/entropy"),
+        ("policy_lag/max", "train/policy_lag/max"),
+    ],
+)
+def test_other_quantities_never_take_a_nemo_rl_name(jsonl: str, tracker: str) -> None:
+    assert tracker_name(jsonl) == tracker
+
+
+def test_the_tracker_names_are_distinct() -> None:
+    names = [*NEMO_RL_NAMES, *OWN_NAMES]
+    assert not set(NEMO_RL_NAMES) & set(OWN_NAMES)
+    assert len({tracker_name(k) for k in names}) == len(names)
+    own = set(OWN_NAMES.values())
+    assert not own & set(NEMO_RL_NAMES.values())
 
 
 def test_a_missing_tracker_package_names_the_key_and_the_install(

@@ -16,7 +16,7 @@ from rlfleet_core.tracking.config import (
     TensorBoardConfig,
     WandbConfig,
 )
-from rlfleet_core.tracking.names import NEMO_RL_NAMES, tracker_name
+from rlfleet_core.tracking.names import NEMO_RL_NAMES, OWN_NAMES, tracker_name
 from rlfleet_core.tracking.sinks import (
     INSTALL_HINT,
     JsonlSink,
@@ -28,6 +28,7 @@ from rlfleet_core.tracking.sinks import (
 __all__ = [
     "INSTALL_HINT",
     "NEMO_RL_NAMES",
+    "OWN_NAMES",
     "LoggerConfig",
     "MetricsLogger",
     "MlflowConfig",

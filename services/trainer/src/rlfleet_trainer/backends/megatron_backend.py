@@ -230,8 +230,9 @@ class MegatronPolicy:
             dist.all_gather_object(slices, metrics, group=self.dp_group)
             keys = dict.fromkeys(k for part in slices for k in part)  # an empty slice has none
             metrics = {k: sum(part.get(k, 0.0) for part in slices) for k in keys}
-        metrics["grad_norm"] = self._clip_and_step()
+        # The rate this update uses, read before the scheduler steps (NeMo-RL's `lr`).
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics["grad_norm"] = self._clip_and_step()
         return metrics
 
     def _tied_weights(self) -> list[torch.nn.Parameter]:

@@ -169,8 +169,9 @@ class TorchPolicy:
             (loss * self.grad_scale).backward()  # type: ignore[no-untyped-call]
         if self.data_parallel_size > 1:
             metrics = self._sum_over_ranks(metrics)
-        metrics["grad_norm"] = self._clip_and_step()
+        # The rate this update uses, read before the scheduler steps (NeMo-RL's `lr`).
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics["grad_norm"] = self._clip_and_step()
         return metrics
 
     def _sum_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
