@@ -46,6 +46,8 @@ FAST = [
     "grpo.max_trajectory_age_steps=0",
     "generation.max_new_tokens=8",
     "checkpoint.save_every_steps=1",
+    "policy.train_micro_batch_size=4",
+    "policy.logprob_micro_batch_size=4",
 ]
 STAGES = ["rlvr1", "rlvr2", "rlvr3", "swe1", "swe2", "rlhf"]
 
@@ -115,7 +117,13 @@ def _interrupt(out: Path, hold: str, wait_for: Path, how: str) -> str:
         env=_env(RLFLEET_TRAINER_HOLD_AT=hold),
     )  # fmt: skip
     try:
-        _wait_for(lambda: any(wait_for.glob("step_*")), 900, f"a checkpoint in {wait_for}", run)
+        try:
+            _wait_for(lambda: any(wait_for.glob("step_*")), 900, f"a checkpoint in {wait_for}", run)
+        except AssertionError as exc:
+            run.kill()
+            raise AssertionError(
+                f"{exc}\n{run.communicate()[0].decode(errors='replace')[-3000:]}"
+            ) from None
         if how == "ctrl-c":
             run.send_signal(signal.SIGINT)
         elif how == "kill-9-reward":

@@ -122,7 +122,7 @@ def test_the_report_has_the_measures_and_the_regression_table(tmp_path: Path) ->
     assert [s.name for s in EndMeasures(tmp_path, TINY).regression_stages()] == [
         "rlvr1", "rlvr2", "rlvr3", "swe1"
     ]  # fmt: skip
-    report = write_report(tmp_path, stages, end_of_run_sections(tmp_path, TINY, stages))
+    report = write_report(tmp_path, stages, end_of_run_sections(tmp_path, stages))
     text = report.read_text()
     assert "| rlvr1 | 0.400 | 0.300 | -0.100 |" in text
     assert "| swe1 | 0.400 | 0.400 | +0.000 |" in text

@@ -368,7 +368,7 @@ def run_pipeline(
     shown = [s for i, s in enumerate(pipeline.stages) if i <= last or done[i]]
     results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in shown]
     log_stage_summaries(out, recipes[0].logger, pipeline.name, results)
-    return write_report(out, results, end_of_run_sections(out, pipeline, results))
+    return write_report(out, results, end_of_run_sections(out, results))
 
 
 def lineage_extra(pipeline: Pipeline, index: int) -> dict[str, str | None]:

@@ -140,4 +140,4 @@ def run_pipeline_compose(
     done = [stage_done(stage_path(out, s)) for s in pipeline.stages]
     shown = [s for i, s in enumerate(pipeline.stages) if i <= last or done[i]]
     results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in shown]
-    return write_report(out, results, end_of_run_sections(out, pipeline, results))
+    return write_report(out, results, end_of_run_sections(out, results))

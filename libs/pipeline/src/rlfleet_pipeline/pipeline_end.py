@@ -32,8 +32,9 @@ class MeasureError(RuntimeError):
     """An end-of-stage or end-of-run measurement failed; the message has its log tail."""
 
 
-def stage_kind_of(stage: PipelineStage) -> str:
-    return stage.name.rstrip("0123456789")
+def stage_kind(name: str) -> str:
+    """rlvr2 -> rlvr, swe1 -> swe, rlhf -> rlhf: a pipeline stage's kind from its name."""
+    return name.rstrip("0123456789")
 
 
 @dataclass
@@ -43,13 +44,13 @@ class EndMeasures:
 
     def win_rate_due(self, stage: PipelineStage) -> bool:
         folder = self._stage(stage)
-        return stage_kind_of(stage) in JUDGED_KINDS and not folder.win_rate.exists()
+        return stage_kind(stage.name) in JUDGED_KINDS and not folder.win_rate.exists()
 
     def regression_stages(self) -> list[PipelineStage]:
         """Earlier stages measured again at the end (not the last: it just validated)."""
         kinds = self.pipeline.regression_kinds
         return [
-            s for s in self.pipeline.stages[:-1] if s.name in kinds or stage_kind_of(s) in kinds
+            s for s in self.pipeline.stages[:-1] if s.name in kinds or stage_kind(s.name) in kinds
         ]
 
     @property

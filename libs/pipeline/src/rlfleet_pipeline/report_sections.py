@@ -18,8 +18,7 @@ from typing import Any
 
 from rlfleet_contracts.run_folder import PipelineFolder
 
-from rlfleet_pipeline.pipeline_end import REGRESSION_RESULTS, stage_kind_of
-from rlfleet_pipeline.pipelines import Pipeline
+from rlfleet_pipeline.pipeline_end import REGRESSION_RESULTS, stage_kind
 from rlfleet_pipeline.report import StageResult
 
 MOVED = 1e-9
@@ -87,13 +86,14 @@ def verdict(measure: dict[str, Any]) -> str:
     return "improved" if improved else "got worse"
 
 
-def end_of_run_sections(out: Path, pipeline: Pipeline, stages: list[StageResult]) -> Sections:
+def end_of_run_sections(out: Path, stages: list[StageResult]) -> Sections:
+    """The sections for a pipeline folder's stages (in order; the last one made the
+    final weights the regression table measures)."""
     folder = PipelineFolder(out)
     sections = Sections()
     measures = {}
     kinds = {
-        s.name: (s.name if s.name in ("swe1", "swe2") else stage_kind_of(s))
-        for s in pipeline.stages
+        s.stage: s.stage if s.stage in ("swe1", "swe2") else stage_kind(s.stage) for s in stages
     }
     lines = [
         "",
@@ -123,7 +123,7 @@ def end_of_run_sections(out: Path, pipeline: Pipeline, stages: list[StageResult]
         sections.data["regression"] = rows
         sections.lines += [
             "",
-            f"Regressions: the final weights ({pipeline.stages[-1].name}'s export) on earlier "
+            f"Regressions: the final weights ({stages[-1].stage}'s export) on earlier "
             f"stages' held-out sets ({folder.regression.name}/):",
             "",
             "| held-out set | after its stage | at the end | change |",

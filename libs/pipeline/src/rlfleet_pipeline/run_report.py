@@ -123,8 +123,12 @@ def _started(stage_dir: Path) -> float:
 
 
 def report_run(run: Run) -> Path:
-    """report.md, report.json and plots/ in the run folder; returns report.md."""
-    return write_report(run.root, run.stages)
+    """report.md, report.json and plots/ in the run folder (a pipeline's with each stage's
+    measure and the regression table); returns report.md."""
+    from rlfleet_pipeline.report_sections import end_of_run_sections
+
+    sections = end_of_run_sections(run.root, run.stages) if run.kind == "pipeline" else None
+    return write_report(run.root, run.stages, sections)
 
 
 @dataclass
