@@ -316,6 +316,8 @@ def run_pipeline(
     """Run (or continue) the pipeline in `out` (`spec.pipeline`, unless `pipeline` is
     given) up to stage `until` (None: to the end and the end-of-run measurements);
     returns the report's path. `preflight` checks the machine first."""
+    if until is not None and not resume:  # before start_run writes the run folder
+        stage_index(pipeline_of(spec, pipeline), until, "--to")
     spec, pipeline = start_run(out, spec, resume, pipeline, preflight)
     last = stage_index(pipeline, until, "--to") if until is not None else len(pipeline.stages) - 1
     data = prepare_data(pipeline, out)
