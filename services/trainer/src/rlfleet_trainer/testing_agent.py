@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 from grpc import aio
+from rlfleet_core.auth import CLIENT_KEY_HEADER, grpc_client_key
 from rlfleet_core.server import ServiceConfig, ServiceDefinition, start_service
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
@@ -118,6 +119,9 @@ class DoubleEpisodes(DoubleReward):
         """Episode id -> the last turn CloseEpisode got."""
         self.step_faults: list[grpc.StatusCode] = []
         """Status codes the next Step calls end with, one each."""
+        self.owners: dict[str, str] = {}
+        """Episode id -> the client key that opened it (as the gateway, every later call on
+        the episode must send the same key: keyless is INVALID_ARGUMENT, another NOT_FOUND)."""
         self._ids = itertools.count()
 
     async def OpenEpisode(
@@ -132,11 +136,22 @@ class DoubleEpisodes(DoubleReward):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "row_json: needs a `goal` object")
             raise AssertionError from None  # unreachable
         episode_id = f"ep{next(self._ids)}"
+        self.owners[episode_id] = await self._client_key(context)
         self.episodes[episode_id] = KvEpisode(request.env, goal, dict(initial))
         return reward_pb2.Episode(episode_id=episode_id, tools=self.tools, idle_timeout_s=60.0)
 
+    @staticmethod
+    async def _client_key(context: aio.ServicerContext[Any, Any]) -> str:
+        key = grpc_client_key(context)
+        if not key:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{CLIENT_KEY_HEADER}: is required for sessions"
+            )
+        return str(key)
+
     async def _episode(self, episode_id: str, context: aio.ServicerContext[Any, Any]) -> KvEpisode:
-        if episode_id not in self.episodes:
+        key = await self._client_key(context)
+        if episode_id not in self.episodes or self.owners.get(episode_id) != key:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"episode_id: no episode {episode_id}")
         return self.episodes[episode_id]
 

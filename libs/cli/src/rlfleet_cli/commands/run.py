@@ -108,14 +108,14 @@ def run(
     if dry_run:
         _dry_run(out_dir, spec, profile_name)
         return
-    if profile_name != "local":
-        _run_elsewhere(out_dir, spec, profile_name, resume, last_stage)
-        return
-    started = time.monotonic()
     # A process started in the background by a non-interactive shell inherits SIGINT
     # ignored, and Python then never raises KeyboardInterrupt: Ctrl-C / kill -INT must
     # still stop the run cleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if profile_name != "local":
+        _run_elsewhere(out_dir, spec, profile_name, resume, last_stage)
+        return
+    started = time.monotonic()
 
     def preflight(chosen: RunSpec) -> None:
         # The doctor's checks, vLLM required only for the vllm engine.
@@ -206,6 +206,7 @@ def _run_elsewhere(
     from rlfleet_pipeline.launch.profiles import ComposeProfile, load_profile
     from rlfleet_pipeline.pipeline import PipelineError
     from rlfleet_pipeline.pipeline_compose import run_pipeline_compose
+    from rlfleet_pipeline.pipeline_end import MeasureError
 
     try:
         profile = load_profile(profile_name)
@@ -234,7 +235,7 @@ def _run_elsewhere(
         raise typer.Exit(130) from None
     except ConfigError as exc:
         raise config_failure(exc) from None
-    except (PipelineError, ComposeError, ValueError) as exc:
+    except (PipelineError, ComposeError, MeasureError, ValueError) as exc:
         raise fail(escape(str(exc)), code=1) from None
     summary = json.loads(PipelineFolder(report.parent).report_json.read_text())
     out.print(summary_table(summary, time.monotonic() - started))

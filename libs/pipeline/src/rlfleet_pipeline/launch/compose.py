@@ -53,10 +53,14 @@ REWARD_TARGET_VARS = {"sandbox": "REWARD_SANDBOX_TARGET", "swe-runner": "REWARD_
 service on the compose network; a stage sets them, empty for a service it does not start."""
 
 
-OVERRIDES_VARS = {"reward": "REWARD_OVERRIDES", "judge": "JUDGE_OVERRIDES"}
-"""compose.yaml hands these to the reward gateway and the judge's rollout as their
-RLFLEET_<SERVICE>_OVERRIDES (a JSON list of key=value overrides): a stage's own settings,
-which the fixed `command:` cannot carry."""
+OVERRIDES_VARS = {
+    "reward": "REWARD_OVERRIDES",
+    "judge": "JUDGE_OVERRIDES",
+    "rollout": "ROLLOUT_OVERRIDES",
+}
+"""compose.yaml hands these to the reward gateway, the judge's rollout and the policy's
+rollout as their RLFLEET_<SERVICE>_OVERRIDES (a JSON list of key=value overrides): a
+stage's (or a pipeline's) own settings, which the fixed `command:` cannot carry."""
 JUDGE_PROFILE = "judge"
 """compose.yaml's `judge` service sits in this profile: started only when named."""
 JUDGE_URL = "http://judge:8000/v1"

@@ -104,7 +104,8 @@ class EpisodeClient:
         frees it anyway)."""
         request = reward_pb2.CloseEpisodeRequest(episode_id=episode_id, abandon=True)
         try:
-            await self.stub.CloseEpisode(request, timeout=self.timeout_s)
+            # With the key that opened it: the gateway refuses a keyless close.
+            await self.stub.CloseEpisode(request, metadata=self.metadata, timeout=self.timeout_s)
         except aio.AioRpcError as exc:
             logger.warning(
                 "abandoning episode %s: %s %s", episode_id, exc.code().name, exc.details()
