@@ -93,6 +93,7 @@ def run(
     """
     from rlfleet_pipeline.doctor import NotReady, require_ready
     from rlfleet_pipeline.pipeline import PipelineError, RunSpec, run_pipeline
+    from rlfleet_pipeline.pipeline_end import MeasureError
 
     from rlfleet_cli.commands.doctor import print_checks
 
@@ -148,7 +149,7 @@ def run(
             "above; `rlfleet doctor` lists every check)",
             code=1,
         ) from None
-    except (PipelineError, FleetError) as exc:
+    except (PipelineError, FleetError, MeasureError) as exc:
         raise fail(str(exc), code=1) from None
     summary = json.loads(PipelineFolder(report.parent).report_json.read_text())
     out.print(summary_table(summary, time.monotonic() - started))
