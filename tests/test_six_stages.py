@@ -206,7 +206,9 @@ def test_six_stages_survive_ctrl_c_and_kill_9_and_resume(tmp_path: Path) -> None
             assert lineage["parent_model_path"] == str(parent)
             assert len(lineage["parent_weights_sha256"]) == 64
         measure = report["measures"][name]
-        assert measure["outcome"] in ("improved", "got worse", "did not move", "not measured")
+        assert measure["outcome"].startswith(
+            ("improved", "got worse", "did not move", "not measured", "within noise")
+        ), measure
     assert report["measures"]["swe2"]["metric"] == "held-out resolve rate"
     win = json.loads((stages / "rlhf" / "genrm_win_rate.json").read_text())
     assert win["pairs"] + win["unjudged"] == 2 * 2  # 2 held-out prompts x 2 samples

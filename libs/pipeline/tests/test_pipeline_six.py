@@ -99,14 +99,25 @@ def test_each_stage_kind_reports_its_own_measure_and_says_when_it_did_not_move(
     swe2 = _result("swe2", 0.0, 0.0, {"before": {"accuracy": 0.0}, "after": {"accuracy": 0.0}})
     measure = stage_measure(swe2, "swe2", tmp_path)
     assert measure["metric"] == "held-out resolve rate" and verdict(measure) == "did not move"
-    (tmp_path / "genrm_win_rate.json").write_text(json.dumps({"win_rate": 0.75, "pairs": 4.0}))
+    (tmp_path / "genrm_win_rate.json").write_text(json.dumps({"win_rate": 0.75, "pairs": 64.0}))
     rlhf = stage_measure(_result("rlhf", 3.0, 3.1), "rlhf", tmp_path)
     assert (rlhf["before"], rlhf["after"], verdict(rlhf)) == (0.5, 0.75, "improved")
+    (tmp_path / "genrm_win_rate.json").write_text(json.dumps({"win_rate": 0.75, "pairs": 4.0}))
+    assert verdict(stage_measure(_result("rlhf", 0, 0), "rlhf", tmp_path)) == "within noise (±0.50)"
     dpo = _result(
         "dpo", 0, 0, {"before": {"hallucination_rate": 0.6}, "after": {"hallucination_rate": 0.5}}
     )
     assert verdict(stage_measure(dpo, "dpo", tmp_path)) == "improved"  # lower is better
     assert verdict(stage_measure(_result("rlvr1", 0.5, 0.25), "rlvr", tmp_path)) == "got worse"
+    # With the held-out samples, a change inside two standard errors is noise.
+    for label, rewards in (("before", [0, 1, 0, 1]), ("after", [1, 0, 1, 1])):
+        lines = "".join(
+            json.dumps({"prompt": i, "reward": r}) + "\n" for i, r in enumerate(rewards)
+        )
+        (tmp_path / f"heldout_{label}.jsonl").write_text(lines)
+    noisy = stage_measure(_result("rlvr1", 0.5, 0.75), "rlvr", tmp_path)
+    assert noisy["se"] == pytest.approx((0.25 / 3 + 0.25 / 4) ** 0.5)
+    assert verdict(noisy).startswith("within noise (±")
     assert (
         verdict(stage_measure(_result("rlhf", 0, 0), "rlhf", tmp_path / "none")) == "not measured"
     )

@@ -4,6 +4,8 @@ plainly when it did not move, and the end-of-run regression table.
 - rlvr: held-out reward; swe1 (pivot): held-out share of demonstrated tool calls matched;
   swe2: held-out resolve rate (trajectories whose tests pass); rlhf: GenRM win rate of the
   stage's answers against its start's; dpo: held-out hallucination rate (lower is better).
+  A change inside two standard errors (from the held-out samples, or the win rate's
+  pairs) is reported as noise, not as a gain or a loss.
 - Regressions: for each earlier stage measured again at the end (pipeline_end), its
   held-out reward right after it trained and on the final weights.
 """
@@ -22,6 +24,8 @@ from rlfleet_pipeline.pipeline_end import REGRESSION_RESULTS, stage_kind
 from rlfleet_pipeline.report import StageResult
 
 MOVED = 1e-9
+NOISE_SE = 2.0
+"""A change smaller than this many standard errors is reported as noise."""
 
 
 @dataclass
@@ -40,14 +44,39 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _sample_rewards(stage_dir: Path, label: str) -> list[float]:
+    """The scored held-out samples' rewards of one validation (heldout_<label>.jsonl)."""
+    path = stage_dir / f"heldout_{label}.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [float(r["reward"]) for r in rows if isinstance(r.get("reward"), int | float)]
+
+
+def _difference_se(before: list[float], after: list[float]) -> float | None:
+    """Standard error of mean(after) - mean(before), samples taken as independent."""
+    if len(before) < 2 or len(after) < 2:
+        return None
+
+    def var_of_mean(xs: list[float]) -> float:
+        mean = sum(xs) / len(xs)
+        return sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
+
+    return math.sqrt(var_of_mean(before) + var_of_mean(after))
+
+
 def stage_measure(stage: StageResult, kind: str, stage_dir: Path) -> dict[str, Any]:
-    """{metric, before, after, better}: the stage kind's measure (module docstring)."""
+    """{metric, before, after, better, se}: the stage kind's measure (module docstring);
+    `se` is the standard error of after - before where the samples give one."""
+    rewards = {label: _sample_rewards(stage_dir, label) for label in ("before", "after")}
     if kind == "swe2":
+        solved = {k: [1.0 if r >= 1.0 else 0.0 for r in v] for k, v in rewards.items()}
         return {
             "metric": "held-out resolve rate",
             "before": _detail(stage, "before", "accuracy"),
             "after": _detail(stage, "after", "accuracy"),
             "better": "higher",
+            "se": _difference_se(solved["before"], solved["after"]),
         }
     if kind == "rlhf":
         path = stage_dir / "genrm_win_rate.json"
@@ -59,6 +88,8 @@ def stage_measure(stage: StageResult, kind: str, stage_dir: Path) -> dict[str, A
             "after": win if isinstance(win, float) and math.isfinite(win) else None,
             "better": "higher",
             "pairs": rate.get("pairs"),
+            # Against 0.5 (no difference): a share of `pairs` coin flips.
+            "se": 0.5 / math.sqrt(rate["pairs"]) if rate.get("pairs") else None,
         }
     if kind == "dpo":
         return {
@@ -66,6 +97,7 @@ def stage_measure(stage: StageResult, kind: str, stage_dir: Path) -> dict[str, A
             "before": _detail(stage, "before", "hallucination_rate"),
             "after": _detail(stage, "after", "hallucination_rate"),
             "better": "lower",
+            "se": None,
         }
     metric = "held-out demonstrated-call match" if kind == "swe1" else "held-out reward"
     return {
@@ -73,15 +105,21 @@ def stage_measure(stage: StageResult, kind: str, stage_dir: Path) -> dict[str, A
         "before": _finite(stage.heldout_reward_before),
         "after": _finite(stage.heldout_reward_after),
         "better": "higher",
+        "se": _difference_se(rewards["before"], rewards["after"]),
     }
 
 
 def verdict(measure: dict[str, Any]) -> str:
+    """ "improved" / "got worse" only beyond two standard errors of the difference (when
+    the samples give one); "within noise" inside them; "did not move" for no change."""
     before, after = measure["before"], measure["after"]
     if before is None or after is None:
         return "not measured"
     if abs(after - before) <= MOVED:
         return "did not move"
+    se = measure.get("se")
+    if se is not None and abs(after - before) < NOISE_SE * se:
+        return f"within noise (±{NOISE_SE * se:.2f})"
     improved = (after > before) == (measure["better"] == "higher")
     return "improved" if improved else "got worse"
 
