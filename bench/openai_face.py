@@ -117,9 +117,9 @@ _NO_TOKEN = ("RLFLEET_AUTH_TOKEN", "RLFLEET_AUTH_TOKEN_FILE")
 class Sizes:
     max_tokens: int = 16
     warmup: int = 2
-    sequential: int = 16
+    sequential: int = 10
     in_flight: int = 16
-    concurrent: int = 48
+    concurrent: int = 32
 
 
 @dataclass
@@ -395,7 +395,7 @@ def run(quick: bool = False) -> list[Any]:
     from rlfleet_core.bench import BenchResult, percentile
     from rlfleet_core.models import resolve_model
 
-    sizes = Sizes(sequential=8, concurrent=16) if quick else Sizes()
+    sizes = Sizes(sequential=4, concurrent=16) if quick else Sizes()
     folder = resolve_model(MODEL)
     settings = _engine_settings()
     with tempfile.TemporaryDirectory(prefix="rlfleet-bench-openai-") as tmp:
