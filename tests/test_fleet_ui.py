@@ -12,6 +12,8 @@ import re
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,11 @@ def test_ui_page_shows_a_healthy_fleet_in_chromium(tmp_path: Path) -> None:
             shot = artefacts / "fleet_ui.png"
             shot.unlink(missing_ok=True)
             chromium(binary, tmp_path / "profile", f"--screenshot={shot}", url)
+            # Read-only: a write is refused with 405, not the standard library's 501.
+            post = urllib.request.Request(url + "api/snapshot", data=b"{}", method="POST")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(post, timeout=10)
+            assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET"
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)

@@ -53,6 +53,8 @@ def ui(
     lock = threading.Lock()  # FleetView keeps counters between snapshots: one at a time
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 10.0  # a client that never sends its request does not hold a thread
+
         def do_GET(self) -> None:
             if self.path == "/":
                 self._send(200, "text/html; charset=utf-8", page.encode())
@@ -65,6 +67,14 @@ def ui(
                 self._send(code, "application/json", json.dumps(body).encode())
             else:
                 self._send(404, "text/plain", b"not found\n")
+
+        def _read_only(self) -> None:  # the standard library would answer 501
+            self.send_response(405)
+            self.send_header("Allow", "GET")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
 
         def _send(self, code: int, kind: str, body: bytes) -> None:
             self.send_response(code)
