@@ -43,7 +43,7 @@ from rlfleet_dataprep.swe_pivot import prepare_swe_pivot
 
 from rlfleet_pipeline.fleet import LocalFleet, tail_lines
 from rlfleet_pipeline.lineage import write_lineage
-from rlfleet_pipeline.pipeline_end import EndMeasures
+from rlfleet_pipeline.pipeline_end import REGRESSION_SERVICES, EndMeasures
 from rlfleet_pipeline.pipelines import PIPELINES, Pipeline, PipelineStage
 from rlfleet_pipeline.preflight import ensure_swe_images
 from rlfleet_pipeline.recipes import load_recipe
@@ -336,9 +336,8 @@ def run_pipeline(
     at_end = last == len(pipeline.stages) - 1
     judged = [i for i in range(last + 1) if end.win_rate_due(pipeline.stages[i])]
     regression = at_end and end.regression_due()
-    end_needs = ("sandbox", "reward", "rollout") if regression else ()
-    rollout = [f"engine={spec.engine}", format_override("model", pipeline.model), *pipeline.rollout]
-    plans = pipeline_fleet(recipes, spec.engine, rollout, end_needs)
+    end_needs = REGRESSION_SERVICES if regression else ()
+    plans = pipeline_fleet(recipes, spec.engine, pipeline.rollout_settings(spec.engine), end_needs)
     work = sorted({*pending, *judged})
     if work or regression:
         first = work[0] if work else last
@@ -367,10 +366,20 @@ def run_pipeline(
                 end.run_regression(_targets(fleet))
     if not at_end and until is not None:
         log(f"stopped after {until} (--to); continue with `rlfleet run --resume --out {out}`")
-    shown = [s for i, s in enumerate(pipeline.stages) if i <= last or done[i]]
-    results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in shown]
+    results = run_results(out, pipeline, last, walls)
     log_stage_summaries(out, recipes[0].logger, pipeline.name, results)
     return write_report(out, results, end_of_run_sections(out, results))
+
+
+def run_results(
+    out: Path, pipeline: Pipeline, last: int, walls: dict[str, float]
+) -> list[StageResult]:
+    """The report's stages: those up to `last` (--to) and any later one already finished."""
+    return [
+        stage_result(s, stage_path(out, s), walls.get(s.name, 0.0))
+        for i, s in enumerate(pipeline.stages)
+        if i <= last or stage_done(stage_path(out, s))
+    ]
 
 
 def lineage_extra(pipeline: Pipeline, index: int) -> dict[str, str | None]:

@@ -51,15 +51,15 @@ from rlfleet_pipeline.pipeline import (
     lineage_extra,
     prepare_data,
     read_walls,
+    run_results,
     run_stage,
     stage_done,
     stage_index,
     stage_path,
     stage_recipe,
-    stage_result,
     start_run,
 )
-from rlfleet_pipeline.pipeline_end import EndMeasures
+from rlfleet_pipeline.pipeline_end import REGRESSION_SERVICES, EndMeasures
 from rlfleet_pipeline.pipelines import Pipeline
 from rlfleet_pipeline.preflight import ensure_swe_images
 from rlfleet_pipeline.report import write_report
@@ -69,7 +69,6 @@ from rlfleet_pipeline.stage_plan import local_services
 
 COMPOSE_TRANSPORT = "services.weight_transport=grpc_stream"
 """The only weight transport that reaches a container from this host."""
-REGRESSION_SERVICES = ("sandbox", "reward", "rollout")
 """What the end-of-run regression eval needs (the earlier stages' single-turn sets)."""
 
 
@@ -192,9 +191,7 @@ def run_pipeline_compose(
         say(
             f"stopped after {until} (--to); continue with `rlfleet run --run compose --resume --out {out}`"
         )
-    done = [stage_done(stage_path(out, s)) for s in pipeline.stages]
-    shown = [s for i, s in enumerate(pipeline.stages) if i <= last or done[i]]
-    results = [stage_result(s, stage_path(out, s), walls.get(s.name, 0.0)) for s in shown]
+    results = run_results(out, pipeline, last, walls)
     return write_report(out, results, end_of_run_sections(out, results))
 
 

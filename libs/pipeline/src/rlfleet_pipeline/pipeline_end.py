@@ -26,6 +26,8 @@ from rlfleet_pipeline.pipelines import Pipeline, PipelineStage
 
 JUDGED_KINDS = ("rlhf",)
 REGRESSION_RESULTS = "results.json"
+REGRESSION_SERVICES = ("sandbox", "reward", "rollout")
+"""What the regression eval needs running: the rlvr and swe1 recipes' scorers."""
 
 
 class MeasureError(RuntimeError):

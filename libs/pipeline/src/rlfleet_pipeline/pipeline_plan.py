@@ -13,11 +13,10 @@ import shlex
 from pathlib import Path
 
 from rlfleet_contracts.run_folder import PipelineFolder
-from rlfleet_core.config import format_override
 
 from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile
 from rlfleet_pipeline.pipeline import RunSpec, data_dir, pipeline_of, stage_recipe
-from rlfleet_pipeline.pipeline_end import EndMeasures
+from rlfleet_pipeline.pipeline_end import REGRESSION_SERVICES, EndMeasures
 from rlfleet_pipeline.stage import launch_plan, summary, trainer_command
 from rlfleet_pipeline.stage_plan import pipeline_fleet
 
@@ -30,14 +29,8 @@ def pipeline_plan(out: Path, spec: RunSpec, profile: Profile) -> str:
     ]
     end = EndMeasures(out, pipeline)
     regression = [s.name for s in end.regression_stages()]
-    rollout = [
-        f"engine={spec.engine}",
-        format_override("model", pipeline.model),
-        *pipeline.rollout,
-    ]
-    fleet = pipeline_fleet(
-        recipes, spec.engine, rollout, ("sandbox", "reward", "rollout") if regression else ()
-    )
+    rollout = pipeline.rollout_settings(spec.engine)
+    fleet = pipeline_fleet(recipes, spec.engine, rollout, REGRESSION_SERVICES if regression else ())
     lines = [
         f"# pipeline {pipeline.name}: {' -> '.join(pipeline.names())} "
         f"(run folder {out}, profile {type(profile).__name__})",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlfleet_core.config import format_override
 from rlfleet_dataprep.swe_pivot import BLEND as SWE_PIVOT_BLEND
 
 
@@ -45,6 +46,11 @@ class Pipeline:
 
     def names(self) -> list[str]:
         return [s.name for s in self.stages]
+
+    def rollout_settings(self, engine: str) -> list[str]:
+        """The policy's rollout for the whole run: the engine, the starting model (each
+        stage's trainer publishes its own weights first) and `rollout`."""
+        return [f"engine={engine}", format_override("model", self.model), *self.rollout]
 
 
 RLVR_STAGES = tuple(PipelineStage(f"rlvr{i}", f"tiny/rlvr{i}", f"tiny-rlvr{i}") for i in (1, 2, 3))
