@@ -8,6 +8,8 @@ from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import format_override, format_value
 from rlfleet_core.override_values import quote_value
 
+from rlfleet_pipeline.fleet import START_ORDER
+
 
 def stage_kind(recipe: RecipeConfig) -> str:
     """The `rlfleet rl` kind a stage name starts with (rlvr2, rlvr-tooluse -> rlvr)."""
@@ -145,9 +147,7 @@ def pipeline_fleet(
     overrides: dict[str, list[str]] = {}
     for index, recipe in enumerate(recipes):
         later = {s for need in needs[index + 1 :] for s in need} | set(end_services)
-        running = [
-            s for s in SERVICE_ORDER_ALL if s in needs[index] or (s in running and s in later)
-        ]
+        running = [s for s in START_ORDER if s in needs[index] or (s in running and s in later)]
         planned = rollout_overrides(recipe, engine)
         planned["rollout"] = list(rollout)
         overrides = {
@@ -155,6 +155,3 @@ def pipeline_fleet(
         }
         plans.append((running, overrides))
     return plans
-
-
-SERVICE_ORDER_ALL = ("sandbox", "judge", "reward", "rollout", "swe-runner")
