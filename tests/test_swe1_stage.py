@@ -1,16 +1,15 @@
 """`rlfleet rl swe -c tiny/swe1` runs end to end on CPU: the pivot rows prepared from the
 bundled demonstrations (`python -m rlfleet_dataprep.swe_pivot`), the stage started from
-the previous stage's export (`runs/rlvr3/hf`, as super3/swe1 chains; here SmolLM2 stands
-in for tiny/rlvr3's export), real local services on the hf engine, the `swe_pivot` env
-scoring every sample. It must train its steps, validate before and after on the
-held-out instance's turns and write its stage files (summary, held-out reward, metrics,
-lineage, export). The tiny model rarely writes the demonstrated call: the rewards are
-whatever it earns, 0 or 1 each (tests/test_swe1_scripted.py shows the scoring path).
+the previous stage's export (`runs/rlvr3/hf`, as super3/swe1 chains; here the tiny random
+model stands in for tiny/rlvr3's export), real local services on the hf engine, the
+`swe_pivot` env scoring every sample. It must train its steps on prompts it issued,
+validate before and after on the held-out instance's turns and write its stage files
+(summary, held-out reward, metrics, lineage, export). The rewards are whatever the model
+earns, 0 or 1 each (tests/test_swe1_scripted.py shows the scoring path with a policy that
+writes the demonstrated calls).
 
-Seen passing on 2026-11-27 (1,073 s on the 2-core host beside other work; each step's
-update ~270 s: 8 samples of up to 1,024 tokens on the hf backend): held-out 0.0 -> 0.0,
-every sample 0 (87.5% truncated at 96 new tokens), so no gradient; the stage trains and
-reports honestly."""
+Until session 14 SmolLM2 stood in, for ~300 s a run (each step's update of 8 samples of up
+to 1,024 tokens on the hf backend) and the same 0 rewards; the tiny model takes ~60 s."""
 
 from __future__ import annotations
 
@@ -32,7 +31,10 @@ FAST = [
     "grpo.num_prompts_per_step=2",
     "grpo.num_val_prompts=4",
     "grpo.val_samples_per_prompt=1",
-    "generation.max_new_tokens=96",
+    "generation.max_new_tokens=16",
+    # The tiny model's 512-token vocabulary spells the demonstrations in ~2x SmolLM2's
+    # tokens; the rollout serves the recipe's length (`rlfleet rl` passes it on).
+    "policy.max_total_sequence_length=2048",
     "checkpoint.save_every_steps=0",
 ]
 
@@ -46,7 +48,7 @@ def test_tiny_swe1_stage_runs_from_the_previous_export(tmp_path: Path) -> None:
     assert out_dir == tmp_path / "data" / "tiny-swe1"  # where tiny/swe1 reads its rows
     export = tmp_path / "runs" / "rlvr3" / "hf"
     export.parent.mkdir(parents=True)
-    export.symlink_to(resolve_model("smollm2-135m-instruct"), target_is_directory=True)
+    export.symlink_to(resolve_model("tiny"), target_is_directory=True)
     done = subprocess.run(
         [sys.executable, "-m", "rlfleet_cli.main", "rl", "swe", "-c", "tiny/swe1",
          "--engine", "hf", *FAST],
@@ -70,6 +72,9 @@ def test_tiny_swe1_stage_runs_from_the_previous_export(tmp_path: Path) -> None:
         ]
         assert len(samples) == 4
         assert all(s["reward"] in (0.0, 1.0) for s in samples), samples
+    ledger = [json.loads(line) for line in (stage / "ledger.jsonl").read_text().splitlines()]
+    trained = {row["step"] for row in ledger if row["outcome"] == "trained"}
+    assert trained == {1, 2}, ledger  # none dropped as too long for the served length
     steps = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
     assert len([s for s in steps if "step" in s]) >= 2
     assert (stage / "hf" / "config.json").is_file()

@@ -1,10 +1,12 @@
 """`rlfleet rl swe -c tiny/swe2` end to end on CPU, as a user runs it: the tiny-swe2 blend
 prepared (one instance held out), the previous stage's export in runs/swe1/hf (here a copy
-of SmolLM2-135M-Instruct stands in for SWE1's), the stage's services started by the
+of the tiny random model stands in for SWE1's; until session 14 SmolLM2 did, for ~300 s a
+run and the same 0 rewards), the stage's services started by the
 pipeline (the reward gateway wired to the swe-runner), multi-turn swe_agent episodes in
-real docker containers, two GRPO steps, and the stage's report. The tiny model rarely
-fixes anything: this checks that the stage runs, scores every trajectory (no failures
-hidden as zeros), trains and reports. (That the runner removes its containers is the
+real docker containers, two GRPO steps, and the stage's report. The tiny model fixes
+nothing (nor calls a tool: tests/test_swe2_scripted_policy.py drives episodes whose calls
+run in the containers): this checks that the stage runs, scores every trajectory (no
+failures hidden as zeros), trains and reports. (That the runner removes its containers is the
 swe-runner's own tests' job; a check here would see other runs' containers.)"""
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def test_rl_swe_tiny_swe2_runs_scores_trains_and_reports(tmp_path: Path) -> None
     assert prep.returncode == 0, prep.stderr[-2000:]
     missing = _rlfleet(tmp_path, "rl", "swe", "-c", "tiny/swe2", "--dry-run", timeout=300)
     assert missing.returncode == 1 and "runs/swe1/hf: no such folder" in missing.stderr
-    shutil.copytree(resolve_model("smollm2-135m-instruct"), tmp_path / "runs/swe1/hf")
+    shutil.copytree(resolve_model("tiny"), tmp_path / "runs/swe1/hf")
 
     run = _rlfleet(tmp_path, "rl", "swe", "-c", "tiny/swe2", "--engine", "hf", timeout=1500)
     stage = tmp_path / "runs/swe2"

@@ -16,19 +16,19 @@ ROLLOUT_VARS = ("ROLLOUT_ENGINE", "ROLLOUT_MODEL", "ROLLOUT_OVERRIDES")
 
 def test_each_stage_keeps_the_rollout_and_wires_its_own_services(tmp_path: Path) -> None:
     pipeline = replace(TINY, model="tiny")
-    envs = {
-        stage.name: stage_compose_env(
-            stage_recipe(pipeline, i, tmp_path, data_dir(tmp_path, stage), [COMPOSE_TRANSPORT]),
-            pipeline,
-            "hf",
-            {"KEPT": "1"},
-        )
+    recipes = [
+        stage_recipe(pipeline, i, tmp_path, data_dir(tmp_path, stage), [COMPOSE_TRANSPORT])
         for i, stage in enumerate(pipeline.stages)
+    ]
+    rollout = pipeline.shared_rollout(recipes)
+    envs = {
+        stage.name: stage_compose_env(recipe, pipeline, "hf", {"KEPT": "1"}, rollout)
+        for stage, recipe in zip(pipeline.stages, recipes, strict=True)
     }
     # One rollout container for the whole run: its variables never change (no recreate),
-    # it serves the pipeline's bundled start, with the pipeline's rollout settings.
+    # it serves the pipeline's bundled start, at the longest stage's length (swe2's).
     rollouts = {tuple(env[v] for v in ROLLOUT_VARS) for env in envs.values()}
-    assert rollouts == {("hf", "tiny", json.dumps(list(TINY.rollout)))}
+    assert rollouts == {("hf", "tiny", json.dumps(["engine_config.max_model_len=2048"]))}
     assert all(env["KEPT"] == "1" for env in envs.values())
     assert envs["rlvr1"]["REWARD_SANDBOX_TARGET"] == "sandbox:50051"
     assert envs["swe2"]["REWARD_SWE_TARGET"] == "swe-runner:50051"

@@ -51,6 +51,22 @@ def test_one_fleet_adds_the_swe_runner_and_the_judge_only_while_needed(tmp_path:
     assert bare[5][0] == ["judge", "reward", "rollout"]
 
 
+def test_the_shared_rollout_serves_the_longest_stage(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    recipes = _recipes(tmp_path)
+    assert TINY.rollout_settings("hf", recipes) == [
+        "engine=hf",
+        "model=smollm2-135m-instruct",
+        "engine_config.max_model_len=2048",  # swe2's episodes
+    ]
+    longer = [stage_recipe(TINY, 0, tmp_path, data_dir(tmp_path, TINY.stages[0]),
+                           ["policy.max_total_sequence_length=4096"])]  # fmt: skip
+    assert TINY.shared_rollout(longer + recipes[1:]) == ["engine_config.max_model_len=4096"]
+    fixed = replace(TINY, rollout=("engine_config.max_model_len=3000",))
+    assert fixed.shared_rollout(recipes) == ["engine_config.max_model_len=3000"]
+
+
 def test_from_and_to_name_stages_and_resume_keeps_the_start(tmp_path: Path) -> None:
     spec = RunSpec(engine="hf", model="tiny", first_stage="swe1")
     pipeline = pipeline_of(spec)

@@ -187,6 +187,20 @@ def test_shared_file_recipe_tells_the_rollout_to_trust_its_folder(tmp_path: Path
     assert "weight_file_roots" not in plain
 
 
+def test_the_rollout_serves_the_recipes_sequence_length() -> None:
+    """The rollout's own default (1,024 tokens) would refuse a longer recipe's prompts as
+    too long, or serve a short one a larger KV budget than it trains."""
+    from rlfleet_core.config import parse_overrides
+    from rlfleet_pipeline.stage import rollout_overrides
+
+    for name, length in (("test", 1024), ("tiny/swe2", 2048), ("super3/swe2", 196608)):
+        parsed = parse_overrides(rollout_overrides(load_recipe(name), "vllm")["rollout"])
+        assert parsed["engine_config"]["max_model_len"] == length, name
+    longer = load_recipe("test", ["policy.max_total_sequence_length=4096"])
+    parsed = parse_overrides(rollout_overrides(longer, "hf")["rollout"])
+    assert parsed["engine_config"]["max_model_len"] == 4096
+
+
 def test_dpo_stage_plan_and_start_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`rlfleet rl dpo -c tiny/dpo --dry-run`: reward + rollout (no sandbox), the trainer;
     the start checks refuse a dpo stage that has no multi-turn env or several ranks."""

@@ -205,8 +205,8 @@ def test_each_service_accepts_its_command_line(runtime: str, tmp_path: Path) -> 
         assert command[:5] == [f"rlfleet-{service}", "--host", "0.0.0.0", "--port", str(port)]
         overrides = [w.replace("$SANDBOX_TARGET", "node9:50054") for w in command[5:]]
         load_config(get_service(service).config_model, overrides=overrides)
-        if service == "rollout":  # serves the policy's model with the chosen engine
-            assert overrides == ["engine=hf", "model=tiny"]
+        if service == "rollout":  # the policy's model, engine and sequence length
+            assert overrides == ["engine=hf", "model=tiny", "engine_config.max_model_len=1024"]
         if service == "reward":
             assert overrides == ["sandbox.target=node9:50054"]
     trainer = _command(lines["trainer"][-1])

@@ -337,7 +337,8 @@ def run_pipeline(
     judged = [i for i in range(last + 1) if end.win_rate_due(pipeline.stages[i])]
     regression = at_end and end.regression_due()
     end_needs = REGRESSION_SERVICES if regression else ()
-    plans = pipeline_fleet(recipes, spec.engine, pipeline.rollout_settings(spec.engine), end_needs)
+    rollout = pipeline.rollout_settings(spec.engine, recipes)
+    plans = pipeline_fleet(recipes, spec.engine, rollout, end_needs)
     work = sorted({*pending, *judged})
     if work or regression:
         first = work[0] if work else last

@@ -80,15 +80,19 @@ def served_recipe(recipe: RecipeConfig, pipeline: Pipeline) -> RecipeConfig:
 
 
 def stage_compose_env(
-    recipe: RecipeConfig, pipeline: Pipeline, engine: str, base: Mapping[str, str]
+    recipe: RecipeConfig,
+    pipeline: Pipeline,
+    engine: str,
+    base: Mapping[str, str],
+    rollout: list[str],
 ) -> dict[str, str]:
     """compose.yaml's variables for one stage of the pipeline: the stage's own (compose_env)
-    and the pipeline's rollout settings, the same for every stage so that the rollout
-    container is never recreated between stages."""
+    and the pipeline's rollout settings (`rollout`: Pipeline.shared_rollout), the same for
+    every stage so that the rollout container is never recreated between stages."""
     return {
         **base,
         **compose_env(served_recipe(recipe, pipeline), engine),
-        OVERRIDES_VARS["rollout"]: json.dumps(list(pipeline.rollout)),
+        OVERRIDES_VARS["rollout"]: json.dumps(rollout),
     }
 
 
@@ -130,6 +134,7 @@ def run_pipeline_compose(
     walls = read_walls(out)
     end = EndMeasures(out, pipeline)
     at_end = last == len(pipeline.stages) - 1
+    rollout = pipeline.shared_rollout(recipes)
     token_file = token_file_for(out, os.environ)
     env = {**os.environ, TOKEN_FILE_ENV: str(token_file)}
     saved = os.environ.get(TOKEN_FILE_ENV)
@@ -146,7 +151,7 @@ def run_pipeline_compose(
             train = not stage_done(stage_dir)
             if not train and not end.win_rate_due(stage):
                 continue
-            stage_env = stage_compose_env(recipe, pipeline, spec.engine, env)
+            stage_env = stage_compose_env(recipe, pipeline, spec.engine, env, rollout)
             stack = compose_stack(profile, stage_env)
             started_any = True
             targets = _up(stack, local_services(recipe), profile, stage.name, say)
@@ -172,7 +177,7 @@ def run_pipeline_compose(
         if at_end and end.regression_due():
             # The gateway again with a sandbox (a stage without one set its target empty).
             final_env = {
-                **stage_compose_env(recipes[-1], pipeline, spec.engine, env),
+                **stage_compose_env(recipes[-1], pipeline, spec.engine, env, rollout),
                 **reward_target_env(REGRESSION_SERVICES),
             }
             stack = compose_stack(profile, final_env)

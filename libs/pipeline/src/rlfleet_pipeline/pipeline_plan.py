@@ -29,7 +29,7 @@ def pipeline_plan(out: Path, spec: RunSpec, profile: Profile) -> str:
     ]
     end = EndMeasures(out, pipeline)
     regression = [s.name for s in end.regression_stages()]
-    rollout = pipeline.rollout_settings(spec.engine)
+    rollout = pipeline.rollout_settings(spec.engine, recipes)
     fleet = pipeline_fleet(recipes, spec.engine, rollout, REGRESSION_SERVICES if regression else ())
     lines = [
         f"# pipeline {pipeline.name}: {' -> '.join(pipeline.names())} "

@@ -11,10 +11,14 @@ pipeline's own settings for it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import format_override
 from rlfleet_dataprep.swe_pivot import BLEND as SWE_PIVOT_BLEND
+
+from rlfleet_pipeline.stage_plan import MAX_MODEL_LEN
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,19 @@ class Pipeline:
     def names(self) -> list[str]:
         return [s.name for s in self.stages]
 
-    def rollout_settings(self, engine: str) -> list[str]:
+    def shared_rollout(self, recipes: Sequence[RecipeConfig]) -> list[str]:
+        """`rollout`, serving the longest sequence of any stage unless it sets a length:
+        one rollout serves every stage, so it is never restarted for a longer one."""
+        if any(o.startswith(f"{MAX_MODEL_LEN}=") for o in self.rollout):
+            return list(self.rollout)
+        longest = max(r.policy.max_total_sequence_length for r in recipes)
+        return [*self.rollout, f"{MAX_MODEL_LEN}={longest}"]
+
+    def rollout_settings(self, engine: str, recipes: Sequence[RecipeConfig]) -> list[str]:
         """The policy's rollout for the whole run: the engine, the starting model (each
-        stage's trainer publishes its own weights first) and `rollout`."""
-        return [f"engine={engine}", format_override("model", self.model), *self.rollout]
+        stage's trainer publishes its own weights first) and shared_rollout."""
+        model = format_override("model", self.model)
+        return [f"engine={engine}", model, *self.shared_rollout(recipes)]
 
 
 RLVR_STAGES = tuple(PipelineStage(f"rlvr{i}", f"tiny/rlvr{i}", f"tiny-rlvr{i}") for i in (1, 2, 3))
@@ -96,8 +109,6 @@ TINY = Pipeline(
     name="tiny",
     model="smollm2-135m-instruct",
     stages=(*RLVR_STAGES, *TINY_LATE_STAGES),
-    # One rollout serves every stage: swe2's episodes are up to 2,048 tokens.
-    rollout=("engine_config.max_model_len=2048",),
 )
 TINY_RLVR = Pipeline(name="tiny-rlvr", model="smollm2-135m-instruct", stages=RLVR_STAGES)
 SUPER3 = Pipeline(

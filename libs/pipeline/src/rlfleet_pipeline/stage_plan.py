@@ -90,16 +90,22 @@ def judge_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
 
 
 ROLLOUT_ENGINES = ("vllm", "hf")
+MAX_MODEL_LEN = "engine_config.max_model_len"
 
 
 def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
-    """The rollout serves the policy's model (same weights and token ids as the trainer);
-    a stage with `swe_agent` episodes gives the reward gateway episode limits that fit
+    """The rollout serves the policy's model (same weights and token ids as the trainer)
+    at the recipe's sequence length; a stage with `swe_agent` episodes gives the reward gateway episode limits that fit
     them (swe_episode_overrides); a recipe's `judge` section gives the gateway its judge
     settings and the judge rollout its model (judge_overrides)."""
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
-    overrides = [f"engine={engine}", format_override("model", recipe.policy.model)]
+    overrides = [
+        f"engine={engine}",
+        format_override("model", recipe.policy.model),
+        # Serve the sequences the trainer trains (the rollout's own default is 1,024).
+        f"{MAX_MODEL_LEN}={recipe.policy.max_total_sequence_length}",
+    ]
     if recipe.services.weight_transport == "shared_file" and recipe.services.shared_dir:
         # The rollout loads shared-file updates only from folders it is told to trust.
         overrides.append(f"weight_file_roots=[{quote_value(recipe.services.shared_dir)}]")
