@@ -132,8 +132,24 @@ def test_each_stage_kind_reports_its_own_measure_and_says_when_it_did_not_move(
         )
         (tmp_path / f"heldout_{label}.jsonl").write_text(lines)
     noisy = stage_measure(_result("rlvr1", 0.5, 0.75), "rlvr", tmp_path)
-    assert noisy["se"] == pytest.approx((0.25 / 3 + 0.25 / 4) ** 0.5)
+    # Paired by prompt: the changes 1, -1, 1, 0 have variance 11/12, over 4 prompts.
+    assert noisy["se"] == pytest.approx((11 / 12 / 4) ** 0.5)
     assert verdict(noisy).startswith("within noise (±")
+    # Two samples a prompt: a prompt's samples move together, so they are not 8 draws.
+    # Every prompt gains +0.5 (a sure change; as independent samples it was ±0.71).
+    for label, rewards in (("before", [0, 1, 0, 1, 0, 1, 0, 1]), ("after", [1] * 8)):
+        lines = "".join(
+            json.dumps({"prompt": i // 2, "reward": r}) + "\n" for i, r in enumerate(rewards)
+        )
+        (tmp_path / f"heldout_{label}.jsonl").write_text(lines)
+    sure = stage_measure(_result("rlvr1", 0.5, 1.0), "rlvr", tmp_path)
+    assert sure["se"] == 0.0 and verdict(sure) == "improved"
+    # Different prompts before and after (a failed prompt): independent samples.
+    (tmp_path / "heldout_after.jsonl").write_text(
+        "".join(json.dumps({"prompt": i, "reward": 1}) + "\n" for i in range(3))
+    )
+    unpaired = stage_measure(_result("rlvr1", 0.5, 1.0), "rlvr", tmp_path)
+    assert unpaired["se"] == pytest.approx((2 / 7 / 8) ** 0.5)
     assert (
         verdict(stage_measure(_result("rlhf", 0, 0), "rlhf", tmp_path / "none")) == "not measured"
     )

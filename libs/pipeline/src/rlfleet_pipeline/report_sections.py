@@ -4,8 +4,8 @@ plainly when it did not move, and the end-of-run regression table.
 - rlvr: held-out reward; swe1 (pivot): held-out share of demonstrated tool calls matched;
   swe2: held-out resolve rate (trajectories whose tests pass); rlhf: GenRM win rate of the
   stage's answers against its start's; dpo: held-out hallucination rate (lower is better).
-  A change inside two standard errors (from the held-out samples, or the win rate's
-  pairs) is reported as noise, not as a gain or a loss.
+  A change inside two standard errors (from the held-out samples, paired by prompt, or
+  the win rate's pairs) is reported as noise, not as a gain or a loss.
 - Regressions: for each earlier stage measured again at the end (pipeline_end), its
   held-out reward right after it trained and on the final weights.
 """
@@ -44,33 +44,66 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _sample_rewards(stage_dir: Path, label: str) -> list[float]:
-    """The scored held-out samples' rewards of one validation (heldout_<label>.jsonl)."""
+Scored = list[tuple[Any, float]]
+"""(held-out prompt, reward) per scored sample of one validation."""
+
+
+def _scored_samples(stage_dir: Path, label: str) -> Scored:
+    """The scored held-out samples of one validation (heldout_<label>.jsonl)."""
     path = stage_dir / f"heldout_{label}.jsonl"
     if not path.is_file():
         return []
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    return [float(r["reward"]) for r in rows if isinstance(r.get("reward"), int | float)]
+    return [
+        (r.get("prompt"), float(r["reward"]))
+        for r in rows
+        if isinstance(r.get("reward"), int | float)
+    ]
 
 
-def _difference_se(before: list[float], after: list[float]) -> float | None:
-    """Standard error of mean(after) - mean(before), samples taken as independent."""
+def _per_prompt(samples: Scored) -> dict[Any, list[float]]:
+    out: dict[Any, list[float]] = {}
+    for prompt, reward in samples:
+        out.setdefault(prompt, []).append(reward)
+    return out
+
+
+def _difference_se(before: Scored, after: Scored) -> float | None:
+    """Standard error of mean(after) - mean(before). Paired by held-out prompt when both
+    validations scored the same samples of the same prompts: the spread of the prompts'
+    mean changes, so a prompt's samples do not count as independent draws and its
+    difficulty cancels. Otherwise the two sets of samples are taken as independent."""
+    by_before, by_after = _per_prompt(before), _per_prompt(after)
+    paired = (
+        None not in by_before
+        and by_before.keys() == by_after.keys()
+        and all(len(by_before[p]) == len(by_after[p]) for p in by_before)
+    )
+    if paired and len(by_before) >= 2:
+        changes = [_mean(by_after[p]) - _mean(by_before[p]) for p in by_before]
+        return math.sqrt(_var(changes) / len(changes))
     if len(before) < 2 or len(after) < 2:
         return None
+    xs, ys = [r for _, r in before], [r for _, r in after]
+    return math.sqrt(_var(xs) / len(xs) + _var(ys) / len(ys))
 
-    def var_of_mean(xs: list[float]) -> float:
-        mean = sum(xs) / len(xs)
-        return sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
 
-    return math.sqrt(var_of_mean(before) + var_of_mean(after))
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _var(xs: list[float]) -> float:
+    """Sample variance (n - 1)."""
+    mean = _mean(xs)
+    return sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
 
 
 def stage_measure(stage: StageResult, kind: str, stage_dir: Path) -> dict[str, Any]:
     """{metric, before, after, better, se}: the stage kind's measure (module docstring);
     `se` is the standard error of after - before where the samples give one."""
-    rewards = {label: _sample_rewards(stage_dir, label) for label in ("before", "after")}
+    rewards = {label: _scored_samples(stage_dir, label) for label in ("before", "after")}
     if kind == "swe2":
-        solved = {k: [1.0 if r >= 1.0 else 0.0 for r in v] for k, v in rewards.items()}
+        solved = {k: [(p, 1.0 if r >= 1.0 else 0.0) for p, r in v] for k, v in rewards.items()}
         return {
             "metric": "held-out resolve rate",
             "before": _detail(stage, "before", "accuracy"),
