@@ -225,12 +225,20 @@ def kill_all() -> None:
         os.kill(-1, signal.SIGKILL)
 
 
+KILL_WAIT_S = 5.0
+"""How long kill_others may take: SIGKILLed processes still exiting, or dead ones not yet
+reaped, on a loaded machine."""
+
+
 def kill_others() -> None:
-    """Kill every process in this sandbox but the runner (its init, pid 1); retried
-    because a fork bomb forks between our kill and our look at /proc. As init, the runner
-    inherits every orphan, so reaping here also clears their zombies."""
+    """Kill every process in this sandbox but the runner (its init, pid 1) and wait until
+    they are gone from /proc; retried because a fork bomb forks between our kill and our
+    look at /proc. As init, the runner inherits every orphan, so reaping here clears their
+    zombies too: a zombie left behind would show in the next cell's /proc (a session's
+    cell once listed the killed processes of the cell before it)."""
     me = os.getpid()
-    for _ in range(200):
+    deadline = time.monotonic() + KILL_WAIT_S
+    while True:
         with contextlib.suppress(ProcessLookupError):
             os.kill(-1, signal.SIGKILL)
         while True:
@@ -241,6 +249,8 @@ def kill_others() -> None:
             if pid == 0:
                 break
         others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        if not others:
+            return
         alive = []
         for pid_s in others:
             try:
@@ -249,10 +259,11 @@ def kill_others() -> None:
                         alive.append(pid_s)
             except OSError:
                 pass
-        if not alive:
-            return
+        if time.monotonic() > deadline:
+            if not alive:
+                return  # dead, not yet reaped by whoever is init (not this runner)
+            raise RuntimeError("could not kill the program's processes")
         time.sleep(0.001)
-    raise RuntimeError("could not kill the program's processes")
 
 
 def wipe(path: str) -> None:
