@@ -61,8 +61,10 @@ class BigEnvironment(Environment):
 
 class ProbeEnvironment(Environment):
     """Placed on the event loop. The response is a command: `raise` (the verifier raises),
-    `spin S` (S seconds of pure-Python CPU, which a signal can interrupt), `sleep S`;
-    the result says which process and thread scored it."""
+    `spin S` (S seconds of pure-Python CPU, which a signal can interrupt), `sleep S`,
+    `finalizer S` (S seconds of CPU inside a `__del__`, then S more outside it: an alarm
+    that lands in the finalizer is swallowed there); the result says which process and
+    thread scored it."""
 
     name: ClassVar[str] = "probe"
     placement = "loop"
@@ -76,12 +78,28 @@ class ProbeEnvironment(Environment):
         if command == "raise":
             raise ValueError("probe failure")
         if command == "spin":
-            end = time.monotonic() + float(arg)
-            while time.monotonic() < end:
-                pass
+            _spin(float(arg))
         if command == "sleep":
             time.sleep(float(arg))
+        if command == "finalizer":
+            spinner = _SpinsWhenCollected(float(arg))
+            del spinner  # the last reference: __del__ runs here, inside the check
+            _spin(float(arg))
         return binary("ok", True, pid=os.getpid(), thread=threading.current_thread().name)
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+class _SpinsWhenCollected:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __del__(self) -> None:
+        _spin(self.seconds)
 
 
 class ThreadProbeEnvironment(ProbeEnvironment):

@@ -140,6 +140,19 @@ def test_inline_overrun_is_scored_again_in_a_worker(
     assert 'rlfleet_reward_inline_overruns_total{env="probe"}' in _metrics(server)
 
 
+def test_an_overrun_swallowed_by_a_finalizer_still_stops_the_check(
+    server: RewardServer, stub: reward_pb2_grpc.RewardServiceStub
+) -> None:
+    """The guard's alarm lands inside a `__del__`, which swallows its exception (Python
+    prints "Exception ignored in ..."); the next alarm stops the check, and the service's
+    log shows no traceback for it. (A CI run's log once had three.)"""
+    result = _score(stub, "probe", "finalizer 0.3")
+    assert result.failure_kind == FailureKind.NONE.value, result.failure_reason
+    assert result.reward == 1.0
+    assert result.info["pid"] != str(server.process.pid)  # stopped inline, scored in a worker
+    assert "Exception ignored" not in server.log() and "_Overrun" not in server.log()
+
+
 def test_inline_check_honours_the_call_deadline(stub: reward_pb2_grpc.RewardServiceStub) -> None:
     result = _score(stub, "probe", "spin 600", timeout=2.0)
     assert FailureKind(result.failure_kind) is FailureKind.TIMEOUT, result.failure_reason

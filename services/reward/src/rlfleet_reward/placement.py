@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -78,6 +79,23 @@ class _Overrun(BaseException):
     so that a verifier's own `except Exception` cannot swallow it."""
 
 
+def _drop_swallowed_overruns(previous: Any) -> Any:
+    """An unraisable-exception hook that drops `_Overrun`s and passes the rest on.
+
+    An alarm that lands while a finalizer (`__del__`, a weakref callback) runs, as the
+    garbage collector may start one in the middle of any check, raises inside the
+    finalizer. Python cannot propagate that exception: it prints it as "Exception ignored
+    in ..." and goes on. The guard's timer repeats, so the next alarm interrupts the check,
+    and the print was only noise (a traceback in the service log)."""
+
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, _Overrun):
+            previous(unraisable)
+
+    hook.drops_overruns = True  # type: ignore[attr-defined]
+    return hook
+
+
 class InlineRunner:
     """Runs `score` on the calling (event-loop) thread under a SIGALRM wall-clock guard."""
 
@@ -86,6 +104,8 @@ class InlineRunner:
         self.available = threading.current_thread() is threading.main_thread()
         if self.available:
             signal.signal(signal.SIGALRM, self._on_alarm)
+            if not getattr(sys.unraisablehook, "drops_overruns", False):
+                sys.unraisablehook = _drop_swallowed_overruns(sys.unraisablehook)
 
     def _on_alarm(self, signum: int, frame: Any) -> None:
         if self._active:  # a late alarm after the check returned is ignored
@@ -98,7 +118,9 @@ class InlineRunner:
         """The verdict, or None when the check ran past `guard_s` and was interrupted."""
         self._active = True  # before the timer: an alarm must never find the flag down
         try:
-            signal.setitimer(signal.ITIMER_REAL, guard_s)
+            # Repeating: an alarm swallowed by a finalizer (above) is raised again one
+            # guard later, so no check outlives its guard by more than that.
+            signal.setitimer(signal.ITIMER_REAL, guard_s, guard_s)
             try:
                 return call_score(env_name, spec, sample)
             finally:
@@ -108,6 +130,7 @@ class InlineRunner:
             return None
         finally:
             self._active = False
+            signal.setitimer(signal.ITIMER_REAL, 0)  # an alarm in the cleanup above skipped it
 
 
 class ThreadRunner:
