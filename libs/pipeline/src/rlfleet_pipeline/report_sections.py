@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import fmean, variance
 from typing import Any
 
 from rlfleet_contracts.run_folder import PipelineFolder
@@ -80,22 +81,12 @@ def _difference_se(before: Scored, after: Scored) -> float | None:
         and all(len(by_before[p]) == len(by_after[p]) for p in by_before)
     )
     if paired and len(by_before) >= 2:
-        changes = [_mean(by_after[p]) - _mean(by_before[p]) for p in by_before]
-        return math.sqrt(_var(changes) / len(changes))
+        changes = [fmean(by_after[p]) - fmean(by_before[p]) for p in by_before]
+        return math.sqrt(variance(changes) / len(changes))
     if len(before) < 2 or len(after) < 2:
         return None
     xs, ys = [r for _, r in before], [r for _, r in after]
-    return math.sqrt(_var(xs) / len(xs) + _var(ys) / len(ys))
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
-def _var(xs: list[float]) -> float:
-    """Sample variance (n - 1)."""
-    mean = _mean(xs)
-    return sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    return math.sqrt(variance(xs) / len(xs) + variance(ys) / len(ys))
 
 
 def stage_measure(stage: StageResult, kind: str, stage_dir: Path) -> dict[str, Any]:

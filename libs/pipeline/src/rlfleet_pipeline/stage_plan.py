@@ -95,9 +95,10 @@ MAX_MODEL_LEN = "engine_config.max_model_len"
 
 def rollout_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
     """The rollout serves the policy's model (same weights and token ids as the trainer)
-    at the recipe's sequence length; a stage with `swe_agent` episodes gives the reward gateway episode limits that fit
-    them (swe_episode_overrides); a recipe's `judge` section gives the gateway its judge
-    settings and the judge rollout its model (judge_overrides)."""
+    at the recipe's sequence length; a stage with `swe_agent` episodes gives the reward
+    gateway episode limits that fit them (swe_episode_overrides); a recipe's `judge`
+    section gives the gateway its judge settings and the judge rollout its model
+    (judge_overrides)."""
     if engine not in ROLLOUT_ENGINES:
         raise StageError(f"rollout engine {engine!r}: expected one of {', '.join(ROLLOUT_ENGINES)}")
     overrides = [
