@@ -159,6 +159,49 @@ def image_exists(image: str) -> bool:
     )
 
 
+@contextlib.contextmanager
+def _image_build_lock() -> Iterator[None]:
+    """Held while building images: two workers building the same image (and the base image
+    it needs) at once would do the work twice and race on the tag; the second one finds
+    Docker's layer cache warm instead."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "rlfleet-image-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def ensure_base_image() -> None:
+    """rlfleet/base:bookworm, built with deploy/docker/build-base.sh when missing (it
+    returns at once when the image exists). Every image of the project starts from it;
+    a test that needs it must not rely on an earlier test having built it: pytest-xdist
+    runs the files in another order, and a fresh machine has none."""
+    with _image_build_lock():
+        done = subprocess.run(
+            [str(REPO / "deploy/docker/build-base.sh")],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+    if done.returncode != 0:
+        pytest.fail(
+            f"deploy/docker/build-base.sh failed ({done.returncode}):\n"
+            f"{(done.stdout + done.stderr).strip()[-3000:]}",
+            pytrace=False,
+        )
+
+
+def swe_instance_images() -> list[Any]:
+    """The bundled SWE instances' images (rlfleet_swe.images.build_images: cached by
+    content), the base image first; one builder at a time across workers."""
+    from rlfleet_swe.images import build_images
+
+    ensure_base_image()
+    with _image_build_lock():
+        return build_images()
+
+
 def ensure_images(*services: str) -> dict[str, float]:
     """Build rlfleet/<service>:latest from this checkout, once per test session, with
     `deploy/docker/build-images.sh <service>` (the base image too, when missing). Always
@@ -175,7 +218,8 @@ def ensure_images(*services: str) -> dict[str, float]:
             )
         command = [str(REPO / "deploy/docker/build-images.sh"), service]
         started = time.monotonic()
-        build = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        with _image_build_lock():  # one build at a time across pytest-xdist workers
+            build = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800)
         elapsed = time.monotonic() - started
         if build.returncode != 0 or not image_exists(f"rlfleet/{service}:latest"):
             log = (build.stdout + build.stderr).strip()[-3000:]

@@ -45,7 +45,7 @@ from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV, auth_headers, write_tok
 from rlfleet_core.client import check_health, connect_sync
 from rlfleet_core.ports import pick_free_port
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
-from support import REPO, RLFLEET, ensure_images, require_docker
+from support import REPO, RLFLEET, ensure_images, require_docker, swe_instance_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -138,6 +138,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         assert stack.leftovers() == [], f"left behind by project {project}"
 
 
+@pytest.mark.budget(600, "a compose stack of three images up and down")
 def test_every_service_is_healthy_and_loopback_only(stack: Stack) -> None:
     ps = stack.compose("ps", "--format", "json")
     assert ps.returncode == 0, ps.stderr
@@ -268,6 +269,7 @@ def _weight_version(target: str, token_file: Path) -> int:
         return int(stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30).weight_version)
 
 
+@pytest.mark.budget(780, "a compose stack of three images up twice (train, then --resume)")
 def test_tiny_rlvr_stage_through_run_compose(tmp_path: Path) -> None:
     require_docker(compose=True)
     ensure_images(*STAGE_SERVICES)
@@ -383,12 +385,12 @@ def test_swe_agent_episode_through_the_stack(stack: Stack) -> None:
     applied with bash and submitted scores 1."""
     import sys
 
-    from rlfleet_swe.images import build_images, bundled_instances_dir
+    from rlfleet_swe.images import bundled_instances_dir
 
     sys.path.insert(0, str(REPO / "services/reward/tests"))
     from episode_support import Caller
 
-    build_images()  # the bundled instances' images, on the engine the runner uses
+    swe_instance_images()  # the bundled instances' images, on the engine the runner uses
     row = json.loads((bundled_instances_dir() / "instances.jsonl").read_text().splitlines()[0])
     with connect_sync(stack.grpc["reward"], auth_token=stack.token) as channel:
         caller = Caller(reward_pb2_grpc.RewardServiceStub(channel))

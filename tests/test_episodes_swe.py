@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 import pytest
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
-from rlfleet_swe.images import build_images, bundled_instances_dir
-from support import require_docker, start_service, stop_service
+from rlfleet_swe.images import bundled_instances_dir
+from support import require_docker, start_service, stop_service, swe_instance_images
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services/reward/tests"))
 from episode_support import Caller
@@ -78,7 +78,7 @@ def _start_pair(tmp: Path, label: str) -> tuple[Any, Any, str]:
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Caller, str]]:
     require_docker()
-    build_images()
+    swe_instance_images()
     tmp = tmp_path_factory.mktemp("episodes-swe")
     label = f"swe-ep-{secrets.token_hex(4)}"
     runner, reward, target = _start_pair(tmp, label)
@@ -210,7 +210,7 @@ def test_bad_rows_name_the_field(services: tuple[Caller, str]) -> None:
 
 def test_a_runner_lost_mid_episode_is_a_failure_not_a_zero(tmp_path: Path) -> None:
     require_docker()
-    build_images()
+    swe_instance_images()
     label = f"swe-ep-{secrets.token_hex(4)}"
     runner, reward, target = _start_pair(tmp_path, label)
     try:

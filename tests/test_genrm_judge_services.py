@@ -30,7 +30,11 @@ pytest.importorskip("rlfleet_reward", reason="the reward service package is not 
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 
 # Two models' worth of start-up plus 16 CPU generations: 50-150 s seen on a shared 2-core box.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.budget(240, "SmolLM2 serves as the judge on CPU"),
+]
 
 ANSWERS = [
     "Paris.",

@@ -30,6 +30,10 @@ SHORT = [
     "generation.seed=1",
     "grpo.num_val_prompts=4",
     "grpo.val_samples_per_prompt=2",
+    # Deadlines for a machine shared with the other workers: one CI run lost a prompt
+    # (30 of 36 trajectories) beside them. The test checks that nothing failed, not speed.
+    "services.generate_timeout_s=1800",
+    "multi_turn.step_timeout_s=300",
 ]
 
 
@@ -41,8 +45,12 @@ def _rlfleet(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
+# 539 s alone with one thread a process (549 CPU s; the hf engine prefills a group's
+# shared prompt once; before, its sampling alone had not finished after 12 min on one
+# thread); 865-1,051 s beside the other workers before that (sessions 17-18).
+@pytest.mark.budget(1500, "SmolLM2 samples K trajectories a prompt on CPU before any DPO step")
 @pytest.mark.slow
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_rl_dpo_tiny_samples_pairs_trains_and_reports_the_hallucination_rate(
     tmp_path: Path,
 ) -> None:
@@ -52,7 +60,7 @@ def test_rl_dpo_tiny_samples_pairs_trains_and_reports_the_hallucination_rate(
 
     prep = _rlfleet(tmp_path, "data", "prep", "rl", "tiny-tooluse", "--val-rows", "28", timeout=300)
     assert prep.returncode == 0, prep.stderr[-2000:]
-    run = _rlfleet(tmp_path, "rl", "dpo", "-c", "tiny/dpo", "--engine", "hf", *SHORT, timeout=1500)
+    run = _rlfleet(tmp_path, "rl", "dpo", "-c", "tiny/dpo", "--engine", "hf", *SHORT, timeout=2300)
     stage = tmp_path / "runs/dpo-tooluse"
     logs = "\n".join(
         f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in stage.glob("logs/*.log")
@@ -73,7 +81,9 @@ def test_rl_dpo_tiny_samples_pairs_trains_and_reports_the_hallucination_rate(
     pairs = [json.loads(line) for line in (stage / "pairs.jsonl").read_text().splitlines()]
     metrics = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
     assert pairs and metrics[0]["sampling/pairs"] == len(pairs)
-    assert metrics[0]["sampling/trajectories"] == 36 and metrics[0]["sampling/failed_prompts"] == 0
+    sampling = {k: v for k, v in metrics[0].items() if k.startswith("sampling/")}
+    assert sampling["sampling/trajectories"] == 36, (sampling, run.stderr[-3000:])
+    assert sampling["sampling/failed_prompts"] == 0, (sampling, run.stderr[-3000:])
     for pair in pairs:
         assert pair["metadata"]["rejected"]["verdict"] in (
             "malformed_call",

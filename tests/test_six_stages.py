@@ -10,7 +10,8 @@ Then checks the run folder: every stage finished from the previous stage's expor
 (lineage with hashes and parents), swe1's ledger is exactly the ledger of an uninterrupted
 run of the same stage (synchronous GRPO issues and trains prompts in a fixed order, so
 the two must match entry for entry), every stage's ledger holds every issued prompt once,
-the report has every stage's measure, the GenRM win rate and the regression table.
+the report has every stage's measure, the GenRM win rate and the regression table, and
+the RLHF stage trained against its served judge with KL to its starting weights.
 
 The tiny random model and the hf engine keep this about the mechanics; the judge is the
 small real model (a random one writes no verdict). That the default pipeline learns is
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import require_docker
+from tests.support import require_docker, swe_instance_images
 
 pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
 pytest.importorskip("rlfleet_rollout", reason="the rollout package is not installed")
@@ -141,13 +142,14 @@ def _interrupt(out: Path, hold: str, wait_for: Path, how: str) -> str:
             run.kill()
 
 
+@pytest.mark.budget(
+    1500, "six stages end to end, three interruptions and a resume, plus a reference swe1 run"
+)
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_six_stages_survive_ctrl_c_and_kill_9_and_resume(tmp_path: Path) -> None:
     require_docker()
-    from rlfleet_swe.images import build_images
-
-    build_images()
+    swe_instance_images()
     out = tmp_path / "run"
     stages = out / "stages"
 
@@ -218,3 +220,30 @@ def test_six_stages_survive_ctrl_c_and_kill_9_and_resume(tmp_path: Path) -> None
         assert heldout["final"]["reward"] == row["at_end"]
     markdown = (out / "report.md").read_text()
     assert "Regressions: the final weights" in markdown and "GenRM win rate" in markdown
+
+    # swe2's multi-turn episodes ran in docker containers and every trajectory was scored
+    # (tests/test_swe2_stage.py ran the stage on its own until session 18).
+    swe2_steps = [
+        json.loads(line) for line in (stages / "swe2" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["step"] for m in swe2_steps] == [1, 2]
+    for m in swe2_steps:
+        assert "reward/swe_agent" in m and 0.0 <= m["reward/swe_agent"] <= 1.0, m
+        assert not any(v for k, v in m.items() if k.startswith("failures/")), m
+
+    # The RLHF stage (tests/test_rlhf_stage.py ran it on its own until session 18): the
+    # judge served beside the gateway, which started after it; KL to the starting weights
+    # is 0 at step 1 (trained on them) and above 0 once step 1 moved them; every step
+    # reports the judge's comparisons per second.
+    started = json.loads((out / "startup.json").read_text())["services"]
+    assert "judge" in started and "judge" in started["reward"]["after"], started
+    rlhf = stages / "rlhf"
+    steps = [json.loads(line) for line in (rlhf / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "step" in s]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert steps[0]["grad_norm"] == 0 or steps[1]["kl"] > 0, steps
+    for s in steps:
+        assert s["genrm/comparisons"] > 0 and s["genrm/comparisons_per_s"] > 0, s
+    assert "KL" in markdown
+    assert (rlhf / "hf" / "config.json").is_file()

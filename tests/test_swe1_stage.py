@@ -39,6 +39,7 @@ FAST = [
 ]
 
 
+@pytest.mark.budget(180, "a tiny swe1 stage with its services")
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_tiny_swe1_stage_runs_from_the_previous_export(tmp_path: Path) -> None:

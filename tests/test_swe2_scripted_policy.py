@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import require_docker, start_service, stop_service
+from support import require_docker, start_service, stop_service, swe_instance_images
 from test_multiturn_scripted import call, scripted_rollout_service
 
 pytest.importorskip("rlfleet_swe", reason="the swe-runner package is not installed")
@@ -39,9 +39,7 @@ LOOK = [call("bash", command="ls"), call("view", path="."), call("submit"), "Don
 @pytest.fixture(scope="module")
 def reward_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     require_docker()
-    from rlfleet_swe.images import build_images
-
-    build_images()
+    swe_instance_images()
     tmp = tmp_path_factory.mktemp("swe2-scripted")
     label = f"swe2-scripted-{secrets.token_hex(4)}"
     runner, runner_target = start_service(

@@ -16,7 +16,7 @@ import pytest
 from rlfleet_core.auth import TOKEN_ENV, generate_token
 from rlfleet_core.client import check_health, connect_sync
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
-from support import ensure_images, require_docker
+from support import ensure_images, require_docker, swe_instance_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -49,9 +49,7 @@ def test_the_image_has_a_docker_cli_that_reaches_the_mounted_engine(image: str) 
 @pytest.fixture(scope="module")
 def runner(image: str) -> Iterator[tuple[str, str]]:
     """The service in its image, socket mounted; yields (gRPC target, runner label)."""
-    from rlfleet_swe.images import build_images
-
-    build_images()  # the bundled instances' images, on the host engine
+    swe_instance_images()  # the bundled instances' images, on the host engine
     label = f"swe-image-test-{generate_token()[:8]}".replace("_", "-")
     started = _docker(
         "run", "-d", "--rm", "-e", f"{TOKEN_ENV}={TOKEN}", "-v", f"{SOCKET}:{SOCKET}",

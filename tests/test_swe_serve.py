@@ -11,9 +11,9 @@ from pathlib import Path
 
 import grpc
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
-from rlfleet_swe.images import build_images, bundled_instances_dir
+from rlfleet_swe.images import bundled_instances_dir
 from rlfleet_swe.instances import load_instances
-from support import RLFLEET, require_docker, spawn_bound
+from support import RLFLEET, require_docker, spawn_bound, swe_instance_images
 
 
 def _labelled(label: str) -> list[str]:
@@ -26,7 +26,7 @@ def _labelled(label: str) -> list[str]:
 
 def test_serve_evaluate_and_stop(tmp_path: Path) -> None:
     require_docker()
-    build_images()
+    swe_instance_images()
     instance = load_instances(bundled_instances_dir() / "instances.jsonl")[0]
     label = f"swe-serve-{secrets.token_hex(4)}"
     proc, ports = spawn_bound(

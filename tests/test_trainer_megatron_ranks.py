@@ -32,6 +32,7 @@ def _stage(
     return out
 
 
+@pytest.mark.budget(240, "a megatron TP=2 stage and a torch stage, each with its services")
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_megatron_tp2_stage_matches_the_torch_backend(

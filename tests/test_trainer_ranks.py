@@ -32,7 +32,10 @@ PROMPTS = 2
 STAGE_TIMEOUT_S = 600
 """A stage takes 40-120 s on 2 free cores; machines shared with other test runs are slower."""
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [
+    pytest.mark.timeout(1800),
+    pytest.mark.budget(180, "torchrun stages with services, killed and resumed"),
+]
 
 
 @pytest.fixture(scope="module")

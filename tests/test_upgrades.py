@@ -34,6 +34,8 @@ from rlfleet_core.versions import git_commit, remote_build
 from rlfleet_proto.v1 import common_pb2, common_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from support import REPO, start_service, stop_service
 
+pytestmark = pytest.mark.budget(180, "a tiny stage across two releases' processes")
+
 pytest.importorskip("rlfleet_rollout", reason="the rollout service package is not installed")
 pytest.importorskip("rlfleet_reward", reason="the reward service package is not installed")
 reasoning_gym = pytest.importorskip("reasoning_gym")

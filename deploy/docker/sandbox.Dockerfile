@@ -19,5 +19,5 @@ RUN /opt/rlfleet/bin/pip install --no-cache-dir -q --no-deps /build/rlfleet/*.wh
 ENV PATH=/opt/rlfleet/bin:$PATH PYTHONUNBUFFERED=1
 EXPOSE 50051 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=120s --retries=3 \
-  CMD ["python", "-m", "rlfleet_core.healthcheck", "127.0.0.1:50051"]
+  CMD ["python", "-m", "rlfleet_core.healthz", "http://127.0.0.1:8000/healthz"]
 CMD ["rlfleet-sandbox", "--host", "0.0.0.0", "--port", "50051", "--http-port", "8000"]

@@ -26,5 +26,5 @@ ENV RLFLEET_IMAGE_VARIANT=$VARIANT NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICE
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 EXPOSE 50051 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=120s --retries=3 \
-  CMD ["python", "-m", "rlfleet_core.healthcheck", "127.0.0.1:50051"]
+  CMD ["python", "-m", "rlfleet_core.healthz", "http://127.0.0.1:8000/healthz"]
 CMD ["rlfleet-trainer", "--host", "0.0.0.0", "--port", "50051", "--http-port", "8000"]

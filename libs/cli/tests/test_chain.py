@@ -43,6 +43,7 @@ def rlfleet_rl(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.budget(240, "two `rlfleet rl` stages, each starting its own services")
 @pytest.mark.slow
 @pytest.mark.timeout(1300)
 def test_stage_two_starts_from_stage_ones_export(tmp_path: Path) -> None:

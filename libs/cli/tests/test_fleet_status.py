@@ -17,7 +17,12 @@ GONE_PID = 2**22 + 4321  # above Linux's pid_max: no such process
 
 @pytest.fixture(autouse=True)
 def wide_and_tokenless(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "300")  # one table row per line
+    from rlfleet_cli import ui
+
+    # One table row per line. COLUMNS alone is not enough: the console is made at import,
+    # and under pytest-xdist it took the worker's width (a wrapped "down (...)" cell).
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.setattr(ui.out, "width", 300)
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
 

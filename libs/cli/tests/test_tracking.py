@@ -48,6 +48,7 @@ def test_a_tracker_without_its_package_stops_the_start_in_one_line(
     )
 
 
+@pytest.mark.budget(240, "a tiny stage with its services, every tracker writing")
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_tiny_stage_writes_every_tracker_and_reports(tmp_path: Path) -> None:

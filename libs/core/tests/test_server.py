@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -364,6 +366,24 @@ async def _health_until(
     raise AssertionError(f"health never became {want}/{code} {text!r}; last seen {seen}")
 
 
+async def _container_probe(url: str) -> tuple[int, str]:
+    """The containers' health probe (`python -m rlfleet_core.healthz URL`), as Docker runs it."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "rlfleet_core.healthz", url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return done.returncode, done.stdout.strip()
+
+
+async def test_container_probe_names_what_it_could_not_reach() -> None:
+    code, text = await _container_probe(f"http://127.0.0.1:{pick_free_port()}/healthz")
+    assert code == 1 and text.startswith("cannot reach http://127.0.0.1:"), text
+    assert await _container_probe("localhost:8000") == (1, "not an http(s) URL: 'localhost:8000'")
+
+
 async def test_health_follows_the_service_while_running() -> None:
     built: list[_FlippingService] = []
 
@@ -389,8 +409,11 @@ async def test_health_follows_the_service_while_running() -> None:
         ):
             health = health_pb2_grpc.HealthStub(channel)
             await _health_until(http, health, serving, "SERVING")
+            url = f"http://127.0.0.1:{running.http_port}/healthz"
+            assert await _container_probe(url) == (0, "200 SERVING")
             service.broken = "weights half loaded"
             await _health_until(http, health, not_serving, "NOT_SERVING: weights half loaded")
+            assert await _container_probe(url) == (1, "503 NOT_SERVING: weights half loaded")
             assert await call(channel, "Echo", b"hi") == b"hi"  # health reports; it blocks nothing
             service.broken = None
             await _health_until(http, health, serving, "SERVING")

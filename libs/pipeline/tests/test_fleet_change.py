@@ -28,6 +28,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.budget(180, "a local fleet of services started, changed twice")
 def test_change_adds_stops_and_rewires_only_what_changed(tmp_path: Path) -> None:
     lines: list[str] = []
     with LocalFleet(["sandbox", "reward"], tmp_path, say=lines.append) as fleet:

@@ -186,6 +186,23 @@ def test_services_get_the_shared_cache_folder(
     assert "HF_HOME" not in os.environ  # restored by stop()
 
 
+@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_services_do_not_spin_waiting_unless_the_operator_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str | None, expected: str
+) -> None:
+    if given is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    with LocalFleet(["swe-runner"], tmp_path / "run", say=lambda _: None) as fleet:
+        pid = fleet.processes["swe-runner"].process.pid
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        seen = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+        assert os.environ["OMP_WAIT_POLICY"] == expected  # the trainer started beside it too
+    assert seen["OMP_WAIT_POLICY"] == expected
+    assert os.environ.get("OMP_WAIT_POLICY") == given  # restored by stop()
+
+
 def test_a_profile_cache_dir_is_the_runs_cache_folder_unless_the_env_names_one(
     tmp_path: Path,
 ) -> None:

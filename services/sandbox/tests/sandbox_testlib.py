@@ -25,9 +25,10 @@ from rlfleet_sandbox.config import (
 from rlfleet_sandbox.service import SERVICE
 from rlfleet_sandbox.sessions import CLIENT_KEY_HEADER
 
-TEST_UID = 64987
+TEST_UID = 64987 + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 """A host uid nothing else on this machine uses, so every process running under it is a
-sandbox of these tests (see `sandbox_processes`)."""
+sandbox of these tests (see `sandbox_processes`). One per pytest-xdist worker: a worker
+must not count the other worker's sandboxes as its own leftovers."""
 TMPFS_BYTES = 8 << 20
 ROOT_ONLY = pytest.mark.skipif(
     os.geteuid() != 0,

@@ -1,6 +1,6 @@
 """Fixtures of the swe-runner tests: a Docker engine (skip without one, or fail when
 RLFLEET_REQUIRE_DOCKER=1 as in CI), the bundled tiny instances' images (built once, cached
-by content hash), and the service on loopback with small limits, checked for leftovers."""
+by content hash; the base image first when missing), and the service on loopback with small limits, checked for leftovers."""
 
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ import pytest
 from rlfleet_core.client import connect
 from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import swe_pb2_grpc
-from rlfleet_swe.images import Built, build_images
+from rlfleet_swe.images import Built
 from rlfleet_swe.service import SERVICE
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from swe_testlib import SMALL, labelled, require_docker
+from support import require_docker, swe_instance_images  # tests/support.py (pythonpath)
+from swe_testlib import SMALL, labelled
 
 
 @pytest.fixture(scope="session")
 def images() -> list[Built]:
     require_docker()
-    return build_images()
+    return swe_instance_images()  # the base image too, on a machine without it
 
 
 @pytest.fixture

@@ -6,12 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 from rlfleet_proto.v1 import swe_pb2
-from rlfleet_swe.images import BASE_IMAGE, bundled_instances_dir
+from rlfleet_swe.images import bundled_instances_dir
 from rlfleet_swe.instances import SweInstance, load_instances
 
-REQUIRE_DOCKER = "RLFLEET_REQUIRE_DOCKER"
 SMALL = [
     "eval.test_timeout_s=120",
     "eval.memory_bytes=268435456",
@@ -19,32 +17,6 @@ SMALL = [
     "eval.pids_limit=64",
     "eval.docker_call_timeout_s=30",
 ]
-
-
-def _docker_problem() -> str | None:
-    try:
-        done = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
-    except FileNotFoundError:
-        return "no docker CLI"
-    except subprocess.TimeoutExpired:
-        return "docker info timed out"
-    if done.returncode != 0:
-        return done.stderr.strip()[-300:] or "docker info failed"
-    base = subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True,
-                          timeout=20, check=False)  # fmt: skip
-    if base.returncode != 0:
-        return f"no {BASE_IMAGE} image: run deploy/docker/build-base.sh"
-    return None
-
-
-def require_docker() -> None:
-    problem = _docker_problem()
-    if problem is None:
-        return
-    message = f"no usable Docker engine ({problem}); start one: dockerd --ip 127.0.0.1 &"
-    if os.environ.get(REQUIRE_DOCKER) == "1":
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
 
 
 def instances() -> list[SweInstance]:

@@ -187,6 +187,7 @@ def test_megatron_matches_torch_at_pp2(
         assert '"pipeline_parallel_size": 2' in saved and '"tensor_parallel_size": 1' in saved
 
 
+@pytest.mark.budget(180, "four gloo ranks of megatron on two cores")
 @pytest.mark.slow
 def test_megatron_matches_torch_at_tp2_pp2(tiny_qwen_tied: Path, tmp_path: Path) -> None:
     _torchrun(4, ["--tp", "2", "--pp", "2", "--out", str(tmp_path), str(tiny_qwen_tied)], 500)

@@ -18,6 +18,8 @@ import pytest
 import torch
 from rlfleet_trainer.model_shapes import TEST_LLAMA, save_random_model
 
+pytestmark = pytest.mark.budget(180, "megatron under torchrun, killed and resumed")
+
 # A world of one builds the backend, says it is up, then holds it until its twin is up
 # too (so both hold their process group at the same time).
 _HOLD = textwrap.dedent(

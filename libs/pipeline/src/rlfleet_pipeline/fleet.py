@@ -65,6 +65,9 @@ DEPENDS_ON = {"reward": ("sandbox", "swe-runner", "judge")}
 """A service starts once these (when in the fleet) have reported their ports."""
 
 
+OMP_WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+
+
 class FleetError(RuntimeError):
     pass
 
@@ -173,6 +176,15 @@ class LocalFleet:
         for name, value in cache_env(os.environ).items():
             self._set_env(name, value)
 
+    def _set_up_threads(self) -> None:
+        # A local fleet's services and the trainer beside them share this machine's cores.
+        # OpenMP threads spin while they wait for work and take the CPU from the threads
+        # that have some: two 2-thread torch loops side by side on 2 cores took 21.4 s
+        # each, 11.5 s with PASSIVE (docs/development.md, "Spinning threads"). An
+        # operator's own setting is kept.
+        if not os.environ.get(OMP_WAIT_POLICY_ENV, "").strip():
+            self._set_env(OMP_WAIT_POLICY_ENV, "PASSIVE")
+
     def _restore_env(self) -> None:
         for name, previous in self._saved_env.items():
             if previous is None:
@@ -270,6 +282,7 @@ class LocalFleet:
         try:
             self._set_up_token()
             self._set_up_caches()
+            self._set_up_threads()
             self._start_services(self.services)
         except BaseException:
             self.stop()

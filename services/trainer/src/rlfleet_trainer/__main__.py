@@ -20,9 +20,6 @@ from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.startup import check_start
 from rlfleet_core.config import ConfigError, format_override, load_config
 from rlfleet_core.logs import setup_logging
-from rlfleet_core.server import service_main
-
-from rlfleet_trainer.service import SERVICE
 
 
 def run_main(argv: Sequence[str]) -> int:
@@ -121,6 +118,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         from rlfleet_trainer.evaluate import eval_main
 
         sys.exit(eval_main(argv[1:]))
+    # Imported here: `run` (every stage and torchrun rank) needs neither the server nor
+    # the gRPC face.
+    from rlfleet_core.server import service_main
+
+    from rlfleet_trainer.service import SERVICE
+
     service_main(SERVICE, argv)
 
 

@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 from rlfleet_core.config import ConfigError, format_override, load_service_config
-from rlfleet_core.server import run_service_blocking
 from rlfleet_core.versions import git_commit, package_version, remote_build
 from rlfleet_pipeline.services import KNOWN_SERVICES, ServiceNotFound, get_service
 
@@ -113,6 +112,8 @@ def serve(
         raise fail(str(exc)) from None
     except ConfigError as exc:
         raise config_failure(exc) from None
+    from rlfleet_core.server import run_service_blocking  # ~0.7 s: not for every CLI command
+
     raise typer.Exit(run_service_blocking(definition, cfg))
 
 

@@ -17,6 +17,7 @@ so a slow transfer does not stall generation and a failed one changes nothing.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -31,7 +32,7 @@ from rlfleet_weights.base import GroupReceiver
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import resolve_dtype
 from rlfleet_rollout.engines.hf_weights import HfWeights
-from rlfleet_rollout.engines.requests import sample_sampling, token_budget
+from rlfleet_rollout.engines.requests import left_padded, sample_sampling, token_budget
 from rlfleet_rollout.engines.sampling import RowState, choose_tokens, top_logprobs
 from rlfleet_rollout.types import (
     EngineStatus,
@@ -93,6 +94,7 @@ class HfEngine(HfWeights):
         self._thread: threading.Thread | None = None
         self.model: Any = None
         self.tokenizer: Any = None
+        self._last_logits_only: dict[str, int] = {}
 
     # ------------------------------------------------------------------ properties
 
@@ -128,6 +130,11 @@ class HfEngine(HfWeights):
         dtype = resolve_dtype(cfg.dtype, want_cuda)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
         self.model.to(self.device).eval()
+        # Only the last position's logits are sampled from. Without this a prefill builds
+        # logits for every position: [batch, prompt, vocab] floats (36 rows of ~600 tokens
+        # with SmolLM2's 49k vocabulary: 4 GB written and read once per batch).
+        forward = inspect.signature(self.model.forward).parameters
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         eos: set[int] = set()
         for source in (self.model.config, self.model.generation_config):
@@ -311,22 +318,33 @@ class HfEngine(HfWeights):
             self._inflight.done(row.request.request_id)
 
     def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Left-padded prompts through the model; returns (cache, last logits, mask, next positions)."""
-        width = max(len(r.request.prompt_token_ids) for r in rows)
-        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, row in enumerate(rows):
-            prompt = row.request.prompt_token_ids
-            ids[b, width - len(prompt) :] = torch.tensor(prompt)
-            mask[b, width - len(prompt) :] = 1
-        return self._forward_full(ids, mask)
+        """Left-padded prompts through the model: (cache, last logits, mask, next positions),
+        a row per sample. Each distinct prompt goes through once (a GRPO group's samples
+        share theirs; 12 600-token prompts took 65 s on one SmolLM2 CPU thread), its cache
+        and logits copied out to the rows that share it."""
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = [
+            distinct.setdefault(tuple(r.request.prompt_token_ids), len(distinct)) for r in rows
+        ]
+        cache, logits, mask, next_pos = self._forward_full(*left_padded(list(distinct), self._pad))
+        if len(distinct) == len(rows):
+            return cache, logits, mask, next_pos
+        index = torch.tensor(owner, device=self.device)
+        cache.reorder_cache(index)  # index_select along the batch: repeats copy a row
+        return cache, logits[index], mask[index], next_pos[index]
 
     def _forward_full(
         self, ids: torch.Tensor, mask: torch.Tensor
     ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **self._last_logits_only,
+        )
         return out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1
 
     def _run_batch(self, rows: list[_Row]) -> None:
@@ -373,13 +391,7 @@ class HfEngine(HfWeights):
         last generated token; the caller samples from them instead of doing a decode
         step, so the positions stay aligned."""
         seqs = [list(r.request.prompt_token_ids) + r.tokens for r in rows]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
-        new_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, seq in enumerate(seqs):
-            ids[b, width - len(seq) :] = torch.tensor(seq)
-            new_mask[b, width - len(seq) :] = 1
-        return self._forward_full(ids, new_mask)
+        return self._forward_full(*left_padded(seqs, self._pad))
 
     def _between_steps(self, rows: list[_Row]) -> bool:
         """Pause (KEEP freezes here, KV cache intact), aborts, shutdown. False = stop."""
