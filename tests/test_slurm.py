@@ -15,8 +15,9 @@ the container (a login node), so `rlfleet rl` itself runs here and gets Ctrl-C h
    grpc_stream`, once with `gloo`: the trainer (node1) hosts the weight group at the
    address the job exports (RLFLEET_WEIGHT_SYNC_HOST=node1) and the rollout (node2) joins
    it there; the held-out samples after training come from the version published last.
-2. SIGINT to `rlfleet rl` once a service of the job serves: it runs `scancel`, exits 130,
-   `sacct` shows CANCELLED and no rlfleet process is left on the nodes.
+2. SIGINT to `rlfleet rl` (started with SIGINT ignored, as under a CI script) once a
+   service of the job serves: it runs `scancel`, exits 130, `sacct` shows CANCELLED and no
+   rlfleet process is left on the nodes.
 
 One cluster serves both tests (module scope); each test has its own folder and job.
 """
@@ -246,10 +247,15 @@ def test_tiny_stage_runs_on_slurm(tmp_path: Path, cluster: Cluster, transport: s
 
 
 def test_ctrl_c_cancels_the_job(tmp_path: Path, cluster: Cluster) -> None:
-    command, env = _stage(tmp_path, cluster, steps=500)
+    # Steps enough never to finish first; started with SIGINT ignored, as a background job
+    # of a non-interactive shell is (a CI script's): Python then raises no
+    # KeyboardInterrupt unless the CLI installs the handler itself (one CI run finished
+    # all 500 steps of an earlier version of this test with the SIGINT lost).
+    command, env = _stage(tmp_path, cluster, steps=100_000)
     proc = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
     try:
         # Interrupt mid-job: once a service has published its address (serving).
         deadline = time.monotonic() + 300

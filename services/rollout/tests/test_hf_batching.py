@@ -92,13 +92,13 @@ async def test_a_shared_prompt_is_prefilled_once_and_samples_as_if_alone() -> No
     engine = HfEngine(config, resolve_model("tiny"))
     await engine.start()
     prefilled: list[int] = []
-    forward_full = engine._forward_full
+    forward = engine._forward  # the prefill's forward pass (decode steps call the model)
 
-    def recording(ids: Any, mask: Any) -> Any:
+    def recording(ids: Any, mask: Any, positions: Any, past: Any) -> Any:
         prefilled.append(int(ids.shape[0]))
-        return forward_full(ids, mask)
+        return forward(ids, mask, positions, past)
 
-    engine._forward_full = recording  # type: ignore[method-assign]
+    engine._forward = recording  # type: ignore[method-assign]
     sampling = SamplingConfig(max_tokens=8, ignore_eos=True, temperature=1.0, seed=7)
     other = (1, 400, 401, 201)  # shorter: its row is left-padded in the shared batch
 

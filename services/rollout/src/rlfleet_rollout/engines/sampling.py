@@ -31,6 +31,25 @@ class RowState:
     """EOS and stop ids, masked while generated < min_tokens."""
     generator: torch.Generator | None = None
 
+    @classmethod
+    def of(
+        cls,
+        sampling: SamplingConfig,
+        prompt: Sequence[int],
+        generated: Sequence[int],
+        eos: Sequence[int],
+        generator: torch.Generator | None,
+    ) -> RowState:
+        """The state of a row with `prompt` that has `generated` so far (eos: the model's)."""
+        penalised = sampling.repetition_penalty not in (0.0, 1.0)
+        return cls(
+            sampling=sampling,
+            generated=len(generated),
+            seen_token_ids=[*prompt, *generated] if penalised else (),
+            banned_until_min=(*(() if sampling.ignore_eos else eos), *sampling.stop_token_ids),
+            generator=generator,
+        )
+
 
 def choose_tokens(
     logits_BV: torch.Tensor, rows: Sequence[RowState]

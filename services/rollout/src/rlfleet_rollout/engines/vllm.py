@@ -62,6 +62,9 @@ from rlfleet_rollout.types import (
 
 logger = logging.getLogger(__name__)
 
+CPU_BLOCK_SIZE = 32
+"""KV block size on CPU unless engine_config.block_size says otherwise (config.py: why)."""
+
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -149,6 +152,9 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
+        block_size = cfg.block_size or (None if on_gpu else CPU_BLOCK_SIZE)
+        if block_size is not None:
+            kwargs["block_size"] = block_size
         args = AsyncEngineArgs(
             model=str(self.model_path),
             tokenizer=str(self.model_path),
