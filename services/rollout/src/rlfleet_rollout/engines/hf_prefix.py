@@ -53,7 +53,7 @@ def supports(cache: Any) -> bool:
     """True for a cache made only of plain attention layers (transformers' DynamicLayer)."""
     from transformers.cache_utils import DynamicLayer
 
-    layers = getattr(cache, "layers", None)
+    layers = getattr(cache, "layers", None) or []
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
@@ -225,7 +225,7 @@ def _prefill_group(
 def _stacked(hits: list[Hit], width: int, like: _Entry, kind: str, layer: int) -> torch.Tensor:
     """[rows, heads, width, head_dim]: each row's cached `kind` ("keys" or "values") of
     `layer`, its hit's first positions right-aligned (zeros before them are masked out)."""
-    sample = getattr(like, kind)[layer]
+    sample: torch.Tensor = getattr(like, kind)[layer]
     heads, _, dim = sample.shape
     out = sample.new_zeros((len(hits), heads, width, dim))
     for b, hit in enumerate(hits):
