@@ -208,6 +208,21 @@ async def test_session_whose_sandbox_died_between_calls_says_its_state_is_lost(
 
 
 async def test_sessions_are_capped_and_expire_when_idle() -> None:
+    # Two harnesses: with one short idle timeout for both checks, a loaded machine (a CI run
+    # with a busy loop per core) took longer than it to create the two sessions, the first
+    # expired, and the third was not refused.
+    capped = await start_harness(
+        make_config(sessions=SessionsConfig(max_sessions=2, idle_timeout_s=600))
+    )
+    try:
+        for _ in range(2):
+            await capped.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await capped.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_sessions" in (info.value.details() or "")
+    finally:
+        await stop_harness(capped)
     harness = await start_harness(
         make_config(
             sessions=SessionsConfig(max_sessions=2, idle_timeout_s=0.5, reap_interval_s=0.1)
@@ -220,11 +235,7 @@ async def test_sessions_are_capped_and_expire_when_idle() -> None:
             ).session_id
             for _ in range(2)
         ]
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await harness.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
-        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "max_sessions" in (info.value.details() or "")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(3.0)  # six idle timeouts: the reaper runs every 0.1 s
         for sid in ids:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await harness.run("1", session_id=sid)
