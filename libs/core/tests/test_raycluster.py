@@ -48,6 +48,17 @@ def test_init_is_tried_again_after_the_raylet_registration_timeout(
     assert ray.calls == ["init", "shutdown", "init"]
 
 
+def test_init_is_tried_again_after_the_gcs_port_wait_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Ray's words when its GCS server is slow to write its port (a CI run with a busy loop
+    # per core): "Timed out", capitalised, was not retried before.
+    message = "Timed out waiting for file /tmp/ray/session_x/gcs_server_port_ab12"
+    ray = _FlakyRay(failures=1, message=message)
+    assert _connect(ray, 120, monkeypatch) is True
+    assert ray.calls == ["init", "shutdown", "init"]
+
+
 def test_other_errors_and_a_spent_deadline_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     other = _FlakyRay(failures=1, message="bad num_cpus")
     with pytest.raises(RuntimeError, match="bad num_cpus"):

@@ -106,7 +106,10 @@ async def connect(config: RayConfig) -> bool:
         except Exception as exc:
             await asyncio.to_thread(ray.shutdown)
             left = deadline - time.monotonic()
-            if "timed out" not in str(exc) or left < 10:
+            # Ray's start-up waits say "timed out during startup" (the raylet) or "Timed
+            # out waiting for file ...gcs_server_port..." (the GCS, seen under a busy loop
+            # per core): both are load, and worth another try.
+            if "timed out" not in str(exc).lower() or left < 10:
                 raise RuntimeError(
                     f"cannot join Ray at ray.address={config.address!r}: {exc}"
                 ) from exc
