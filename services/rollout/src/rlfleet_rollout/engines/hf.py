@@ -332,14 +332,7 @@ class HfEngine(HfWeights):
         ]
         prompts = list(distinct)
         hits = [self._prefix.lookup(p, self._version) if self._prefix else NO_HIT for p in prompts]
-        cache, logits, mask, next_pos = prefill(
-            self._forward, prompts, hits, self._pad, self.device
-        )
-        if len(distinct) == len(rows):
-            return cache, logits, mask, next_pos
-        index = torch.tensor(owner, device=self.device)
-        cache.reorder_cache(index)  # index_select along the batch: repeats copy a row
-        return cache, logits[index], mask[index], next_pos[index]
+        return prefill(self._forward, prompts, hits, self._pad, self.device, rows=owner)
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any

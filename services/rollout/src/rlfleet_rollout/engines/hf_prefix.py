@@ -163,20 +163,20 @@ def prefill(
     hits: Sequence[Hit],
     pad: int,
     device: torch.device,
+    rows: Sequence[int] | None = None,
 ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prefill `prompts` (each after its hit's cached prefix): (cache, last logits, mask,
-    next positions), a row per prompt in order, left-padded as in a plain prefill.
+    next positions), left-padded as in a plain prefill, a row per entry of `rows` (the
+    prompt each batch row starts from; default: one row per prompt, in order).
 
     Prompts whose remaining lengths differ a lot go through in separate forward passes
     (a 10-token continuation does not pad to a 700-token first turn); the results are
-    joined into one batch by left-padding the keys, values and mask."""
-    order = sorted(
-        range(len(prompts)), key=lambda b: len(prompts[b]) - hits[b].length, reverse=True
-    )
+    joined into one batch by left-padding the keys, values and mask, and put in the
+    order of `rows` with one copy of the cache."""
+    rest = [len(p) - h.length for p, h in zip(prompts, hits, strict=True)]
     groups: list[list[int]] = []
-    for b in order:
-        rest = len(prompts[b]) - hits[b].length
-        if groups and 2 * rest >= len(prompts[groups[-1][0]]) - hits[groups[-1][0]].length:
+    for b in sorted(range(len(prompts)), key=rest.__getitem__, reverse=True):
+        if groups and 2 * rest[b] >= rest[groups[-1][0]]:
             groups[-1].append(b)
         else:
             groups.append([b])
@@ -184,16 +184,15 @@ def prefill(
         _prefill_group(forward, [prompts[b] for b in g], [hits[b] for b in g], pad, device)
         for g in groups
     ]
-    if len(parts) == 1:
-        cache, logits, mask, next_pos = parts[0]
-    else:
-        cache, logits, mask, next_pos = _join(parts)
-    back = torch.empty(len(prompts), dtype=torch.long)
-    back[torch.tensor([b for g in groups for b in g])] = torch.arange(len(prompts))
-    if bool((back == torch.arange(len(prompts))).all()):
+    cache, logits, mask, next_pos = parts[0] if len(parts) == 1 else _join(parts)
+    # Each prompt's row in the joined batch, then the batch row each output row copies.
+    place = torch.empty(len(prompts), dtype=torch.long)
+    place[torch.tensor([b for g in groups for b in g])] = torch.arange(len(prompts))
+    index = place if rows is None else place[torch.tensor(list(rows), dtype=torch.long)]
+    if len(index) == len(place) and bool((index == torch.arange(len(place))).all()):
         return cache, logits, mask, next_pos
-    index = back.to(device)
-    cache.reorder_cache(index)
+    index = index.to(device)
+    cache.reorder_cache(index)  # index_select along the batch: repeats copy a row
     return cache, logits[index], mask[index], next_pos[index]
 
 
