@@ -7,6 +7,7 @@ reward and sandbox pool tests."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -79,3 +80,37 @@ def test_a_private_ray_is_started_outright(monkeypatch: pytest.MonkeyPatch) -> N
     ray.init = lambda **kwargs: seen.update(kwargs)  # type: ignore[method-assign]
     assert _connect(ray, 60, monkeypatch) is True
     assert seen["address"] == "local"
+
+
+def test_the_test_cluster_waits_longer_for_the_gcs_and_tries_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `rlfleet_core.testing.ray_cluster` starts Ray through `ray.cluster_utils.Cluster`, not
+    # `connect`: a steady run (no hog) lost test_ray_pool's module to the GCS port wait.
+    import types
+
+    from rlfleet_core import testing
+
+    events: list[str] = []
+
+    class Cluster:
+        failures = 1
+
+        def add_node(self, **kwargs: Any) -> None:
+            events.append(f"add wait={os.environ.get('RAY_gcs_server_port_wait_time_s')}")  # noqa: SIM112 Ray's name
+            if Cluster.failures:
+                Cluster.failures -= 1
+                raise RuntimeError("Timed out waiting for file /tmp/ray/x/gcs_server_port_ab")
+
+        def shutdown(self) -> None:
+            events.append("shutdown")
+
+    utils = types.ModuleType("ray.cluster_utils")
+    utils.Cluster = Cluster  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))
+    monkeypatch.setitem(sys.modules, "ray.cluster_utils", utils)
+    monkeypatch.delenv("RAY_gcs_server_port_wait_time_s", raising=False)
+    monkeypatch.setattr("rlfleet_core.raycluster.no_uv_runtime_env", lambda: None)
+    with testing.ray_cluster(nodes=1):
+        events.append("yield")
+    assert events == ["add wait=120", "shutdown", "add wait=120", "yield", "shutdown"]
