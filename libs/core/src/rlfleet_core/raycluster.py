@@ -58,6 +58,20 @@ class RayConfig(ConfigModel):
     node); past it the call fails or moves to another actor, never hangs."""
 
 
+def allow_slow_gcs_start(seconds: float) -> None:
+    """Ray waits only 30 s for the GCS server it starts to write its port file, a hidden
+    deadline tighter than ours on a loaded host: give it `seconds` instead. An operator's
+    own `RAY_gcs_server_port_wait_time_s` is kept."""
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(int(seconds)))
+
+
+def is_startup_timeout(exc: BaseException) -> bool:
+    """Whether Ray's start failed on one of its own fixed waits: "timed out during startup"
+    (a raylet's registration) or "Timed out waiting for file ...gcs_server_port..." (the
+    GCS, seen under a busy loop per core). Both are load, and worth another try."""
+    return "timed out" in str(exc).lower()
+
+
 async def connect(config: RayConfig) -> bool:
     """Join (or start) Ray within `config.start_timeout_s`; True when this call started it
     (the caller then shuts it down), False when Ray was already up in this process."""
@@ -73,9 +87,7 @@ async def connect(config: RayConfig) -> bool:
     if ray.is_initialized():
         return False
     if config.address == "local":
-        # Ray waits only 30 s for its GCS server to bind a port, a hidden deadline tighter
-        # than ours on a loaded host; an operator's own setting is kept.
-        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(int(config.start_timeout_s)))
+        allow_slow_gcs_start(config.start_timeout_s)
         kwargs: dict[str, Any] = {
             # Said outright: with no address, ray.init joins whatever cluster RAY_ADDRESS or
             # this machine's last `ray start` names (another test's, another job's), and then
@@ -106,10 +118,7 @@ async def connect(config: RayConfig) -> bool:
         except Exception as exc:
             await asyncio.to_thread(ray.shutdown)
             left = deadline - time.monotonic()
-            # Ray's start-up waits say "timed out during startup" (the raylet) or "Timed
-            # out waiting for file ...gcs_server_port..." (the GCS, seen under a busy loop
-            # per core): both are load, and worth another try.
-            if "timed out" not in str(exc).lower() or left < 10:
+            if not is_startup_timeout(exc) or left < 10:
                 raise RuntimeError(
                     f"cannot join Ray at ray.address={config.address!r}: {exc}"
                 ) from exc

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -34,13 +33,10 @@ def ray_cluster(
     raylet, so each has its own node id), always torn down: only its own processes are
     stopped (never `ray stop`, which kills every Ray on the host). Its `.address` is what
     a service's `ray.address` takes; `.list_all_nodes()` gives the nodes to remove."""
-    from rlfleet_core.raycluster import no_uv_runtime_env
+    from rlfleet_core.raycluster import allow_slow_gcs_start, is_startup_timeout, no_uv_runtime_env
 
     no_uv_runtime_env()
-    # Ray waits a fixed 30 s for its GCS server to write its port file: a host busy with
-    # other tests can miss it (seen under a busy loop per core). An operator's own
-    # setting is kept.
-    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+    allow_slow_gcs_start(120)
     from ray.cluster_utils import Cluster
 
     args: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": object_store_bytes}
@@ -53,10 +49,9 @@ def ray_cluster(
             break
         except Exception as exc:
             cluster.shutdown()  # type: ignore[no-untyped-call]
-            # Ray gives a raylet a fixed 30 s to register ("timed out during startup") and
-            # the GCS its port-file wait ("Timed out waiting for file"): a loaded host can
-            # miss either, and the next try usually makes it.
-            if "timed out" not in str(exc).lower() or attempt == 2:
+            # Ray's own fixed start-up waits: a loaded host can miss them, and the next
+            # try usually makes it.
+            if not is_startup_timeout(exc) or attempt == 2:
                 raise
     try:
         yield cluster
@@ -67,6 +62,8 @@ def ray_cluster(
 def ray_actor_pids(node: Any, actor_class: str) -> list[int]:
     """Pids of the `actor_class` actors on `node` (a `ray_cluster` node): the raylet's
     children whose process title Ray set to `ray::<actor_class>...`."""
+    import os
+
     from ray._private import ray_constants
 
     raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
