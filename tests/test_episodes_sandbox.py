@@ -29,7 +29,8 @@ pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is no
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[reward_pb2_grpc.RewardServiceStub]:
     tmp = tmp_path_factory.mktemp("episodes-sandbox")
-    # Sessions of one client (the gateway) capped low, to see the cap reach the caller.
+    # The sandbox holds few sessions, to see its cap reach the caller (each episode has a
+    # sandbox client key of its own, so the per-client quota does not apply to the gateway).
     reward_args = [
         "environments=[math]",
         "pool.workers=1",
@@ -37,7 +38,7 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[reward_pb2_grpc.R
         "episodes.max_output_chars=2000",
         "episodes.max_state_bytes=65536",
     ]
-    sandbox_args = ["sessions.max_sessions_per_client=3"]
+    sandbox_args = ["sessions.max_sessions=3"]
     with (
         sandbox_and_reward(tmp, reward_args, sandbox_args) as (_, _, target),
         grpc.insecure_channel(target) as channel,

@@ -4,7 +4,9 @@ Both services run as their own processes on loopback. A scripted episode calls t
 the way a policy would (POST /math_with_code/execute_python with the episode's
 X-Session-ID), reads the results, and ends with a boxed answer that the gateway scores
 over HTTP (NeMo-Gym verify shape) and gRPC. State persists within an episode and is
-invisible to another; errors and timeouts come back as tool results, not HTTP errors.
+invisible to another, and to another caller that sends the same X-Session-ID; errors and
+timeouts come back as tool results, not HTTP errors. More episodes than the sandbox's
+per-client quota run at once (each has a sandbox client key of its own).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import httpx
 import pytest
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.python_tool import PythonToolSessions, ToolLimits
-from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy
+from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy, SessionGone
 from support import ports_of, sandbox_and_reward
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
@@ -55,18 +57,22 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
 
 @pytest.fixture(scope="module")
 def tight_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
-    """A sandbox whose sessions idle out after 3 s and that allows 2 per client."""
+    """A sandbox whose sessions idle out after 3 s and that holds 2 at once."""
     args = [
         "sessions.max_idle_timeout_s=3",
         "sessions.reap_interval_s=0.2",
-        "sessions.max_sessions_per_client=2",
+        "sessions.max_sessions=2",
     ]
     with _run_services(tmp_path_factory.mktemp("math-with-code-tight"), args) as running:
         yield running
 
 
-def _tool(services: Services, episode: str, code: str) -> dict[str, Any]:
-    reply = services.http.post(
+def _tool(
+    services: Services, episode: str, code: str, client: httpx.Client | None = None
+) -> dict[str, Any]:
+    """One tool call of `episode`, by the module's caller (its cookie jar keeps the
+    gateway's caller cookie) or by `client`."""
+    reply = (client or services.http).post(
         "/math_with_code/execute_python", json={"code": code}, headers={"x-session-id": episode}
     )
     assert reply.status_code == 200, reply.text
@@ -167,10 +173,98 @@ def test_a_cell_that_never_ends_is_a_tool_result_and_the_episode_goes_on(
 
 def test_concurrent_first_calls_of_an_episode_share_one_session(services: Services) -> None:
     episode = secrets.token_hex(8)
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda code: _tool(services, episode, code), ["a = 1", "b = 2"]))
-    assert all(r["success"] for r in results), results
-    assert _tool(services, episode, "print(a + b)")["stdout"] == "3\n"
+    # A caller known from its first call on: its client key (a cookie would come back
+    # only with the first answer).
+    with httpx.Client(
+        base_url=str(services.http.base_url),
+        timeout=60,
+        headers={"x-rlfleet-client-key": secrets.token_urlsafe(32)},
+    ) as caller:
+        with ThreadPoolExecutor(2) as pool:
+            results = list(
+                pool.map(lambda code: _tool(services, episode, code, caller), ["a = 1", "b = 2"])
+            )
+        assert all(r["success"] for r in results), results
+        assert _tool(services, episode, "print(a + b)", caller)["stdout"] == "3\n"
+        caller.post("/math_with_code/end_session", headers={"x-session-id": episode})
+
+
+def _end(client: httpx.Client, episode: str | None = None) -> bool:
+    headers = {"x-session-id": episode} if episode is not None else {}
+    reply = client.post("/math_with_code/end_session", headers=headers)
+    assert reply.status_code == 200, reply.text
+    existed: bool = reply.json()["existed"]
+    return existed
+
+
+def test_another_caller_sending_the_same_session_id_gets_its_own_episode(
+    services: Services,
+) -> None:
+    """Issue 28 item 6: the X-Session-ID alone named the session, so any caller that knew
+    or guessed it ran code in it. Now the episode is (caller, X-Session-ID)."""
+    episode = "rollout-0"  # as guessable as it gets
+    base = str(services.http.base_url)
+    with (
+        httpx.Client(base_url=base, timeout=60) as owner,
+        httpx.Client(base_url=base, timeout=60) as stranger,
+        httpx.Client(
+            base_url=base,
+            timeout=60,
+            headers={"x-rlfleet-client-key": secrets.token_urlsafe(32)},
+        ) as keyed,
+    ):
+        assert _tool(services, episode, "secret = 41", owner)["success"] is True
+        assert owner.cookies.get("rlfleet_tool_caller")  # minted for the owner
+        for other in (stranger, keyed):
+            seen = _tool(services, episode, "print(secret)", other)
+            assert seen["success"] is False and "NameError" in seen["error_message"], seen
+            assert _tool(services, episode, "secret = 0", other)["success"] is True
+        # Nor can another caller end it.
+        assert _end(stranger, episode) is True  # its own episode of that name
+        assert _tool(services, episode, "print(secret + 1)", owner)["stdout"] == "42\n"
+        assert _end(owner, episode) is True and _end(keyed, episode) is True
+        bad_key = owner.post(
+            "/math_with_code/execute_python",
+            json={"code": "1"},
+            headers={"x-session-id": episode, "x-rlfleet-client-key": "short"},
+        )
+        assert bad_key.status_code == 422 and bad_key.json()["field"] == "x-rlfleet-client-key"
+
+
+def test_nemo_gym_agent_flow_keeps_the_episode_by_its_cookie(services: Services) -> None:
+    """NeMo-Gym's simple agent sends no X-Session-ID: it passes on the cookies of the last
+    answer (`cookies=api_response.cookies`), so every answer must set the cookie again."""
+    url = f"{str(services.http.base_url).rstrip('/')}/math_with_code/execute_python"
+    first = httpx.post(url, json={"code": "n = 20"}, timeout=60)
+    assert first.status_code == 200 and first.json()["success"] is True
+    second = httpx.post(url, json={"code": "n += 1"}, cookies=first.cookies, timeout=60)
+    assert second.json()["success"] is True and second.cookies == first.cookies
+    third = httpx.post(url, json={"code": "print(n * 2)"}, cookies=second.cookies, timeout=60)
+    assert third.json()["stdout"] == "42\n"
+    # A call without the cookie is another caller: a fresh episode.
+    fresh = httpx.post(url, json={"code": "print(n)"}, timeout=60)
+    assert "NameError" in fresh.json()["error_message"]
+    bad = httpx.post(url, json={"code": "1"}, cookies={"rlfleet_tool_caller": "x"}, timeout=60)
+    assert bad.status_code == 422 and bad.json()["field"] == "rlfleet_tool_caller"
+    for cookies in (third.cookies, fresh.cookies):
+        ended = httpx.post(
+            url.replace("execute_python", "end_session"), cookies=cookies, timeout=60
+        )
+        assert ended.json() == {"success": True, "existed": True}
+
+
+def test_more_episodes_at_once_than_the_sandbox_allows_one_client(services: Services) -> None:
+    """Issue 28 item 6: every episode's session was the gateway's one sandbox client's,
+    so the sandbox's `max_sessions_per_client` (8 by default, as here) capped the whole
+    gateway at 8 concurrent episodes. Ten run at once now, each keeping its state."""
+    episodes = [f"wide-{i}-{secrets.token_hex(4)}" for i in range(10)]
+    _end(services.http, "none")  # the module's caller has its cookie before the burst
+    with ThreadPoolExecutor(4) as pool:
+        first = list(pool.map(lambda e: _tool(services, e, f"v = {len(e)}"), episodes))
+    assert all(r["success"] for r in first), first
+    for episode in episodes:  # all ten are open at once: each still has its own state
+        assert _tool(services, episode, "print(v)")["stdout"] == f"{len(episode)}\n"
+    assert all(_end(services.http, e) for e in episodes)
 
 
 def test_an_expired_session_starts_afresh_and_says_so(tight_services: Services) -> None:
@@ -206,12 +300,35 @@ async def test_abandoned_episodes_stop_counting_after_their_idle_timeout(
     tools = PythonToolSessions(client, ToolLimits(max_episodes=2, idle_timeout_s=1.0))
     try:
         for episode in ("one", "two"):  # never ended
-            assert (await tools.execute(episode, "x = 1"))["success"] is True
+            assert (await tools.execute("caller", episode, "x = 1"))["success"] is True
         with pytest.raises(SandboxBusy):
-            await tools.execute("three", "x = 3")
+            await tools.execute("caller", "three", "x = 3")
         await asyncio.sleep(1.5)
-        assert (await tools.execute("three", "print(3)"))["stdout"] == "3\n"
+        assert (await tools.execute("caller", "three", "print(3)"))["stdout"] == "3\n"
         assert tools.open_episodes == 1
     finally:
-        await tools.end("three")  # "one" and "two" idle out in the sandbox, or end with it
+        await tools.end("caller", "three")  # "one" and "two" idle out in the sandbox
         await client.close()
+
+
+async def test_a_session_handle_is_useless_to_another_gateway_client(services: Services) -> None:
+    """Each session's sandbox key is HMAC(the client's secret, the handle's label): a
+    client with another secret that learns the handle (a log line) reaches nothing."""
+    owner = GrpcSandboxClient(services.sandbox_target)
+    thief = GrpcSandboxClient(services.sandbox_target)
+    try:
+        handle = await owner.create_session(idle_timeout_s=60, timeout_s=10)
+        assert (
+            await owner.execute("secret = 42", timeout_s=10, session_id=handle)
+        ).status.value == "ok"
+        with pytest.raises(SessionGone):
+            await thief.execute("print(secret)", timeout_s=10, session_id=handle)
+        assert await thief.close_session(handle) is False
+        with pytest.raises(SessionGone):  # not a handle at all
+            await thief.execute("1", timeout_s=10, session_id=handle.split(".")[1])
+        kept = await owner.execute("print(secret)", timeout_s=10, session_id=handle)
+        assert kept.stdout == "42\n"
+        assert await owner.close_session(handle) is True
+    finally:
+        await owner.close()
+        await thief.close()

@@ -1,7 +1,11 @@
-"""Sessions belong to the client (key) that created them, on both faces; quotas per
-client and overall hold."""
+"""Sessions belong to the client (key) that created them, on both faces; keyless callers
+(NeMo-Skills) have a namespace of their own where the id is the capability; quotas per
+client, for keyless callers and overall hold."""
 
 from __future__ import annotations
+
+import uuid
+from typing import Any
 
 import grpc
 import pytest
@@ -36,11 +40,18 @@ async def test_grpc_session_is_invisible_to_another_client(sandbox: Harness) -> 
         # Its own session of the same id would be another session, not this one.
     finally:
         await other.close()
+    # A keyless caller knowing the id is in the keyless namespace: the keyed session is
+    # not there (NOT_FOUND to use, existed=false to close).
     keyless = client_stub(sandbox.running, None)
     with pytest.raises(grpc.aio.AioRpcError) as anonymous:
-        await keyless.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=sid))
-    assert anonymous.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "x-rlfleet-client-key" in (anonymous.value.details() or "")
+        await keyless.Execute(
+            sandbox_pb2.ExecuteRequest(
+                language=sandbox_pb2.LANGUAGE_PYTHON, code="print(secret)", session_id=sid
+            )
+        )
+    assert anonymous.value.code() == grpc.StatusCode.NOT_FOUND
+    closing = await keyless.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=sid))
+    assert closing.existed is False
     # The owner still has it, state intact.
     assert (await sandbox.run("print(secret)", session_id=sid)).stdout == "42\n"
     closed = await sandbox.stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=sid))
@@ -66,11 +77,10 @@ async def test_http_session_is_invisible_to_another_client(sandbox: Harness) -> 
         await other.aclose()
     keyless = client_http(sandbox.running, None)
     try:
-        refused = await keyless.get("/sessions")
-        assert refused.status_code == 400 and "x-rlfleet-client-key" in refused.json()["detail"]
-        stateful = await keyless.post("/execute", json=call("print(secret)"))
-        assert stateful.status_code == 400
-        # One-shot runs need no key.
+        # The same name without a key is a keyless session, never the keyed one.
+        stateful = (await keyless.post("/execute", json=call("print(secret)"))).json()
+        assert "NameError" in stateful["stderr"] and stateful["new_session_created"] is True
+        assert (await keyless.delete("/sessions/rollout-1")).status_code == 200  # its own
         oneshot = await keyless.post("/execute", json={"generated_code": "print(1)"})
         assert oneshot.json()["stdout"] == "1\n"
     finally:
@@ -116,19 +126,95 @@ async def test_per_client_and_global_session_quotas() -> None:
         await stop_harness(harness)
 
 
-async def test_keyless_sessions_when_allowed_share_one_owner() -> None:
-    harness = await start_harness(make_config(sessions={"allow_keyless": True}))
+NEMO_SKILLS_FIELDS = {
+    "std_input": "",
+    "timeout": 10.0,
+    "language": "ipython",
+    "max_output_characters": 1000,
+    "traceback_verbosity": "Plain",
+}
+"""What NeMo-Skills' LocalSandbox sends besides the code (its `_prepare_request`); the
+session id goes in the X-Session-ID header (newer releases) or the body (older ones)."""
+
+
+async def test_keyless_nemo_skills_session_works_by_default_in_its_own_namespace(
+    sandbox: Harness,
+) -> None:
+    """An unmodified NeMo-Skills client (no client key, a uuid4 session id) keeps state
+    between calls with the default config; keyed clients and keyless callers without the
+    id cannot reach it, and keyless ids are never listed."""
+    sid = str(uuid.uuid4())
+    keyless = client_http(sandbox.running, None)
+    other_keyless = client_http(sandbox.running, None)
+    keyed = client_http(sandbox.running, new_client_key())
+    try:
+
+        async def execute(client: Any, code: str, session: str, in_body: bool = False) -> Any:
+            body = {"generated_code": code, **NEMO_SKILLS_FIELDS}
+            if in_body:
+                response = await client.post("/execute", json={**body, "session_id": session})
+            else:
+                response = await client.post(
+                    "/execute", json=body, headers={"X-Session-ID": session}
+                )
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        first = await execute(keyless, "secret = 41", sid)
+        assert first["process_status"] == "completed" and first["new_session_created"] is True
+        second = await execute(keyless, "secret += 1", sid)
+        assert second["new_session_created"] is False
+        assert (await execute(keyless, "print(secret)", sid, in_body=True))["stdout"] == "42\n"
+        # A keyed client naming the same id gets a session of its own.
+        theirs = await execute(keyed, "print(secret)", sid)
+        assert "NameError" in theirs["stderr"] and theirs["new_session_created"] is True
+        # Another keyless caller with a different id learns nothing from listing.
+        listed = (await other_keyless.get("/sessions")).json()
+        assert listed["sessions"] == [] and "not listed" in listed["note"]
+        other_sid = str(uuid.uuid4())
+        guessed = await execute(other_keyless, "print(secret)", other_sid)
+        assert "NameError" in guessed["stderr"]
+        assert (await other_keyless.delete(f"/sessions/{other_sid}")).status_code == 200
+        # NeMo-Skills' delete_session: DELETE /sessions/{id} with the id in the header too.
+        deleted = await keyless.delete(f"/sessions/{sid}", headers={"X-Session-ID": sid})
+        assert deleted.status_code == 200
+        assert (await keyless.delete(f"/sessions/{sid}")).status_code == 404
+        # The keyed client's session of that name is untouched by the keyless delete.
+        assert (await keyed.delete(f"/sessions/{sid}")).status_code == 200
+    finally:
+        for client in (keyless, other_keyless, keyed):
+            await client.aclose()
+
+
+async def test_keyless_quota_and_opt_out() -> None:
+    harness = await start_harness(
+        make_config(sessions={"max_keyless_sessions": 1, "max_sessions_per_client": 1})
+    )
     keyless = client_http(harness.running, None)
     try:
-        body = {"generated_code": "v = 7", "language": "ipython", "session_id": "s"}
-        assert (await keyless.post("/execute", json=body)).status_code == 200
-        listed = (await keyless.get("/sessions")).json()["sessions"]
-        assert [s["session_id"] for s in listed] == ["s"]
-        # A keyed client still cannot see the anonymous sessions.
-        assert (await harness.http.get("/sessions")).json() == {"sessions": []}
+        body = {"generated_code": "1", "language": "ipython"}
+        ok = await keyless.post("/execute", json=body, headers={"X-Session-ID": "a" * 8})
+        assert ok.status_code == 200
+        over = await keyless.post("/execute", json=body, headers={"X-Session-ID": "b" * 8})
+        assert over.status_code == 429 and "max_keyless_sessions" in over.json()["detail"]
+        # Keyed clients have their own quota beside it.
+        mine = await harness.http.post("/execute", json=body, headers={"X-Session-ID": "c"})
+        assert mine.status_code == 200
     finally:
         await keyless.aclose()
         await stop_harness(harness)
+    strict = await start_harness(make_config(sessions={"allow_keyless": False}))
+    keyless = client_http(strict.running, None)
+    try:
+        refused = await keyless.post(
+            "/execute", json={"generated_code": "1", "language": "ipython", "session_id": "s"}
+        )
+        assert refused.status_code == 400 and "x-rlfleet-client-key" in refused.json()["detail"]
+        listing = await keyless.get("/sessions")
+        assert listing.status_code == 400
+    finally:
+        await keyless.aclose()
+        await stop_harness(strict)
 
 
 async def test_bad_client_key_is_refused_naming_the_header(sandbox: Harness) -> None:

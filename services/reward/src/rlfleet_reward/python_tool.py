@@ -2,10 +2,12 @@
 
 A policy in a multi-turn rollout calls the tool several times in one episode; variables
 defined by one call are there in the next (NeMo-Gym's math_with_code keeps a process
-per session the same way). Each episode key (the caller's session id) maps to one
-sandbox session, opened on its first call and owned by this gateway's sandbox client
-key, so callers of the sandbox cannot reach each other's state. A session ends on
-`end_session`, or when it stays unused past `idle_timeout_s` (the sandbox closes it).
+per session the same way). An episode is (caller, episode name): the caller is who
+calls the gateway (tool_routes.py: the hash of its client key or of the gateway-minted
+cookie), the name its `X-Session-ID`. Another caller that sends the same name reaches a
+different episode, never this one. Each episode maps to one sandbox session, opened on
+its first call under a sandbox client key of its own (sandbox_client.py). A session ends
+on `end_session`, or when it stays unused past `idle_timeout_s` (the sandbox closes it).
 
 Answers have NeMo-Gym's ExecutePythonResponse shape: `success`, `stdout`, `stderr`,
 `error_message`, `result`. A cell's trailing expression is echoed in `stdout` (the
@@ -32,8 +34,11 @@ from rlfleet_reward.sandbox_client import (
     SessionGone,
 )
 
-EPISODE_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-"""Accepted episode keys (the sandbox's own session-id alphabet)."""
+EPISODE_KEY = re.compile(r"^[A-Za-z0-9_.:-]{0,128}$")
+"""Accepted episode names (the sandbox's own session-id alphabet); "" is a caller's
+default episode."""
+Episode = tuple[str, str]
+"""(caller, episode name): the key of one episode's session."""
 
 
 class SessionSandbox(Protocol):
@@ -82,14 +87,14 @@ def tool_answer(outcome: ExecOutcome, note: str = "") -> dict[str, Any]:
 
 
 class PythonToolSessions:
-    """Episode key -> sandbox session; every sandbox call has a deadline (the client's)."""
+    """(caller, episode) -> sandbox session; every sandbox call has a deadline (the client's)."""
 
     def __init__(self, sandbox: SessionSandbox, limits: ToolLimits | None = None) -> None:
         self.sandbox = sandbox
         self.limits = limits or ToolLimits()
         # Least recently used first; the values' times are time.monotonic() of last use.
-        self._sessions: OrderedDict[str, asyncio.Task[str]] = OrderedDict()
-        self._last_used: dict[str, float] = {}
+        self._sessions: OrderedDict[Episode, asyncio.Task[str]] = OrderedDict()
+        self._last_used: dict[Episode, float] = {}
 
     @property
     def open_episodes(self) -> int:
@@ -105,7 +110,7 @@ class PythonToolSessions:
                 break
             del self._sessions[key], self._last_used[key]
 
-    def _session(self, key: str) -> asyncio.Task[str]:
+    def _session(self, key: Episode) -> asyncio.Task[str]:
         self._forget_idle()
         task = self._sessions.get(key)
         if task is not None:
@@ -126,7 +131,7 @@ class PythonToolSessions:
         self._last_used[key] = time.monotonic()
         return task
 
-    async def _session_id(self, key: str) -> str:
+    async def _session_id(self, key: Episode) -> str:
         task = self._session(key)
         try:
             return await asyncio.shield(task)
@@ -135,8 +140,9 @@ class PythonToolSessions:
                 del self._sessions[key], self._last_used[key]
             raise
 
-    async def execute(self, key: str, code: str) -> dict[str, Any]:
-        """Run `code` in episode `key`'s session (opened on first use)."""
+    async def execute(self, caller: str, episode: str, code: str) -> dict[str, Any]:
+        """Run `code` in the session of `caller`'s `episode` (opened on first use)."""
+        key = (caller, episode)
         session_id = await self._session_id(key)
         try:
             outcome = await self.sandbox.execute(
@@ -158,8 +164,9 @@ class PythonToolSessions:
             raise SandboxUnavailable(f"the sandbox could not run the code: {outcome.stderr[-300:]}")
         return tool_answer(outcome, note)
 
-    async def end(self, key: str) -> bool:
-        """Close episode `key`'s session; whether it had one."""
+    async def end(self, caller: str, episode: str) -> bool:
+        """Close the session of `caller`'s `episode`; whether it had one."""
+        key = (caller, episode)
         task = self._sessions.pop(key, None)
         self._last_used.pop(key, None)
         if task is None:

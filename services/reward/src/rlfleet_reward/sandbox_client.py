@@ -6,14 +6,24 @@ wedged sandbox costs one bounded wait, never a hung reward call (NeMo-RL PR #366
 Transport failures become `SandboxUnavailable`, which the environment reports as a
 SANDBOX_ERROR failure rather than as a wrong program.
 
-Stateful sessions (the `math_with_code` tool, python_tool.py) belong to the client key
-this client sends as `x-rlfleet-client-key` metadata on every call: a random secret per
-client unless one is given, so no other caller of the sandbox can reach its sessions.
+Stateful sessions (the `math_with_code` tool, python_tool.py; `math_python` episodes)
+each belong to a sandbox client key of their own, HMAC(this client's secret, a random
+label), sent as `x-rlfleet-client-key` metadata. The handle `create_session` returns is
+"<label>.<sandbox session id>": every later call derives that session's key from it, so
+nothing is stored per session, and a handle is useless without this client's secret
+(random per client unless one is given). One key per session means the sandbox's
+per-client quota (`sessions.max_sessions_per_client`) never caps the gateway as a whole:
+the gateway's episodes are many clients to the sandbox, bounded together by the
+sandbox's `sessions.max_sessions` (a refusal is SandboxBusy) and by the gateway's own caps.
 """
 
 from __future__ import annotations
 
+import base64
 import enum
+import hashlib
+import hmac
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,6 +76,7 @@ class SandboxBusy(SandboxUnavailable):
 
 
 CLIENT_KEY_METADATA = "x-rlfleet-client-key"
+_LABEL = re.compile(r"^[0-9a-f]{32}$")
 
 
 class SandboxClient(Protocol):
@@ -88,7 +99,8 @@ class GrpcSandboxClient:
         client_key: str | None = None,
     ) -> None:
         self.target = target
-        self._metadata = ((CLIENT_KEY_METADATA, client_key or secrets.token_urlsafe(32)),)
+        self._secret = (client_key or secrets.token_urlsafe(32)).encode()
+        self._metadata = self._key_metadata("")
         self.call_overhead_s = call_overhead_s
         self.memory_bytes = memory_bytes
         self.max_output_bytes = max_output_bytes
@@ -96,6 +108,18 @@ class GrpcSandboxClient:
             target, default_timeout_s=30.0, retry=RetryPolicy(max_attempts=3)
         )
         self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+
+    def _key_metadata(self, label: str) -> tuple[tuple[str, str], ...]:
+        """Metadata carrying the client key of session `label` ("" = sessionless calls)."""
+        digest = hmac.new(self._secret, f"session:{label}".encode(), hashlib.sha256).digest()
+        return ((CLIENT_KEY_METADATA, base64.urlsafe_b64encode(digest).decode().rstrip("=")),)
+
+    def _open_handle(self, handle: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """(sandbox session id, metadata) of a handle made by `create_session`."""
+        label, dot, session_id = handle.partition(".")
+        if not dot or not _LABEL.match(label) or not session_id:
+            raise SessionGone(f"sandbox session {handle[:80]!r} is not one this client opened")
+        return session_id, self._key_metadata(label)
 
     async def execute(
         self,
@@ -106,8 +130,13 @@ class GrpcSandboxClient:
         session_id: str = "",
         files: Sequence[tuple[str, bytes, bool]] = (),
     ) -> ExecOutcome:
-        """Run `code` (inside session `session_id` when given: SessionGone if it is gone),
-        with `files` (path, content, executable) written into its work dir first."""
+        """Run `code` (inside session `session_id`, a `create_session` handle, when given:
+        SessionGone if it is gone), with `files` (path, content, executable) written into
+        its work dir first."""
+        metadata = self._metadata
+        handle = session_id
+        if handle:
+            session_id, metadata = self._open_handle(handle)
         request = sandbox_pb2.ExecuteRequest(
             language=sandbox_pb2.LANGUAGE_PYTHON,
             code=code,
@@ -122,13 +151,11 @@ class GrpcSandboxClient:
         )
         try:
             reply = await self._stub.Execute(
-                request, timeout=timeout_s + self.call_overhead_s, metadata=self._metadata
+                request, timeout=timeout_s + self.call_overhead_s, metadata=metadata
             )
         except aio.AioRpcError as exc:
-            if session_id and exc.code() is grpc.StatusCode.NOT_FOUND:
-                raise SessionGone(
-                    f"sandbox session {session_id} is gone: {exc.details()}"
-                ) from None
+            if handle and exc.code() is grpc.StatusCode.NOT_FOUND:
+                raise SessionGone(f"sandbox session {handle} is gone: {exc.details()}") from None
             raise SandboxUnavailable(
                 f"sandbox {self.target} Execute failed: {exc.code().name}: {exc.details()}"
             ) from None
@@ -136,9 +163,10 @@ class GrpcSandboxClient:
         return ExecOutcome(status, reply.stdout, reply.stderr, reply.exit_code, reply.wall_time_s)
 
     async def create_session(self, *, idle_timeout_s: float, timeout_s: float) -> str:
-        """Open a stateful Python session owned by this client; its id. `timeout_s` is
-        the limit of each call in it; SandboxBusy when the sandbox's session limits are
-        reached."""
+        """Open a stateful Python session under a client key of its own; its handle
+        (pass it as `session_id`). `timeout_s` is the limit of each call in it;
+        SandboxBusy when the sandbox's session limits are reached."""
+        label = secrets.token_hex(16)
         request = sandbox_pb2.CreateSessionRequest(
             limits=sandbox_pb2.Limits(
                 timeout_s=timeout_s,
@@ -150,22 +178,28 @@ class GrpcSandboxClient:
         try:
             # Starting a session starts its sandbox: allow for it like for a program start.
             reply = await self._stub.CreateSession(
-                request, timeout=self.call_overhead_s + timeout_s, metadata=self._metadata
+                request,
+                timeout=self.call_overhead_s + timeout_s,
+                metadata=self._key_metadata(label),
             )
         except aio.AioRpcError as exc:
             kind = SandboxBusy if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED else None
             raise (kind or SandboxUnavailable)(
                 f"sandbox {self.target} CreateSession failed: {exc.code().name}: {exc.details()}"
             ) from None
-        return str(reply.session_id)
+        return f"{label}.{reply.session_id}"
 
     async def close_session(self, session_id: str) -> bool:
-        """Close session `session_id`; whether it still existed."""
+        """Close session `session_id` (a `create_session` handle); whether it still existed."""
+        try:
+            sandbox_id, metadata = self._open_handle(session_id)
+        except SessionGone:
+            return False
         try:
             reply = await self._stub.CloseSession(
-                sandbox_pb2.CloseSessionRequest(session_id=session_id),
+                sandbox_pb2.CloseSessionRequest(session_id=sandbox_id),
                 timeout=self.call_overhead_s,
-                metadata=self._metadata,
+                metadata=metadata,
             )
         except aio.AioRpcError as exc:
             raise SandboxUnavailable(

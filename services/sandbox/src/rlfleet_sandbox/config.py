@@ -136,11 +136,19 @@ class SessionsConfig(ConfigModel):
     max_sessions_per_client: int = Field(8, ge=0)
     """Open sessions at most per client (per `x-rlfleet-client-key`), so one client cannot
     take every slot of `max_sessions`; one more is refused (RESOURCE_EXHAUSTED / HTTP 429)."""
-    allow_keyless: bool = False
-    """Let calls without an `x-rlfleet-client-key` use sessions. They then all act as one
-    client ("anonymous"): each can list, use and close the others' sessions. Only for a
-    single trusted client that cannot send the header (e.g. an unmodified NeMo-Skills
-    client); otherwise such calls are refused with INVALID_ARGUMENT / HTTP 400."""
+    allow_keyless: bool = True
+    """Let calls without an `x-rlfleet-client-key` use sessions, as an unmodified
+    NeMo-Skills client does (`session_id` in the body or an `X-Session-ID` header). Their
+    sessions live in a namespace of their own, apart from every keyed client's: a keyless
+    call never reaches a keyed client's session, nor a keyed call a keyless one. Within
+    it the session id is the only capability (NeMo-Skills names sessions with a uuid4), so
+    keyless ids are never listed (`GET /sessions` without a key lists nothing). False
+    refuses keyless session calls with INVALID_ARGUMENT / HTTP 400."""
+    max_keyless_sessions: int = Field(24, ge=0)
+    """Open keyless sessions at most, all keyless callers together (they cannot be told
+    apart, so `max_sessions_per_client` does not apply to them). Below `max_sessions`
+    (24 of the default 32), so keyless callers cannot take the slots keyed clients need.
+    One more is refused (RESOURCE_EXHAUSTED / HTTP 429)."""
     idle_timeout_s: float = Field(600.0, gt=0)
     """Default time a session may stay unused before it is closed."""
     max_idle_timeout_s: float = Field(3600.0, gt=0)

@@ -8,7 +8,12 @@ the `X-Session-ID` header, as newer ones do), and answers `process_status`
 (`status`, `exit_code`, times, truncation flags). Unknown body fields are ignored, as the
 original server does. GET /health, GET /sessions, DELETE /sessions/{id} as there.
 
-Sessions belong to the `x-rlfleet-client-key` header's client (see sessions.py). A body
+Sessions belong to the `x-rlfleet-client-key` header's client (see sessions.py). A call
+without the header (what NeMo-Skills sends) uses the keyless namespace, where the session
+id is the capability: no keyed client's session is reachable from there, and keyless ids
+are never listed. A stateful answer says `new_session_created` (true when this call
+started the session or its interpreter afresh), which NeMo-Skills' client reads to replay
+a lost session's history. A body
 over `http.max_body_bytes` is refused (413) before it is parsed, and every /execute call
 ends within `http.deadline_s` (504), waiting for a sandbox included.
 """
@@ -26,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rlfleet_core.errors import InvalidArgument, ServiceError
 
 from rlfleet_sandbox.engine import SandboxEngine
-from rlfleet_sandbox.sessions import CLIENT_KEY_HEADER, check_session_id
+from rlfleet_sandbox.sessions import ANONYMOUS, CLIENT_KEY_HEADER, check_session_id
 from rlfleet_sandbox.types import ExecRequest, ExecResult, Language, Status
 
 PROCESS_STATUS = {
@@ -160,6 +165,7 @@ async def execute(
     limits = engine.limits({"timeout_s": body.timeout})
     session_id = body.session_id or header_session or ""
     owner = ""
+    created = False
     if body.language != "ipython" or not session_id:
         session_id = ""
     else:
@@ -168,6 +174,7 @@ async def execute(
         if not engine.sessions.exists(owner, session_id):
             # NeMo-Skills clients name sessions themselves and never create them first.
             await engine.create_session(owner, limits, 0.0, session_id)
+            created = True
     request = ExecRequest(
         language=language,
         code=body.generated_code,
@@ -176,7 +183,10 @@ async def execute(
         session_id=session_id,
         owner=owner,
     )
-    return result_body(await engine.execute(request))
+    answer = result_body(await engine.execute(request))
+    if session_id:
+        answer["new_session_created"] = created or bool(answer.get("session_reset"))
+    return answer
 
 
 def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
@@ -224,6 +234,12 @@ def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
             owner = engine.owner(x_rlfleet_client_key)
         except ServiceError as exc:
             return error_response(exc)
+        if owner == ANONYMOUS:
+            return {
+                "sessions": [],
+                "note": "keyless sessions are not listed: their ids are their only protection; "
+                f"send {CLIENT_KEY_HEADER} to list your own",
+            }
         return {
             "sessions": [
                 {

@@ -7,6 +7,9 @@ Sessions are owned: a client identifies itself with a secret key (`x-rlfleet-cli
 header or gRPC metadata); its owner is a hash of that key, and sessions are looked up by
 (owner, session id). Another client's session is NOT_FOUND, as if it did not exist, and
 two clients that pick the same id (NeMo-Skills clients name sessions) get two sessions.
+Keyless callers (an unmodified NeMo-Skills client) share the ANONYMOUS owner, a
+namespace no key maps to: there the id itself is the capability, so keyless sessions
+are never listed, and together they are capped by `max_keyless_sessions`.
 
 A cell that overruns its time gets CellTimeout raised inside it (state kept); one that
 ignores that, or crashes the interpreter, gets its sandbox killed, and the next call
@@ -97,7 +100,13 @@ class SessionManager:
             return self._sessions[(owner, session_id)]
         idle_timeout_s = self.resolve_idle_timeout(idle_timeout_s)
         mine = sum(1 for key in self._sessions if key[0] == owner)
-        if mine >= self._config.max_sessions_per_client:
+        if owner == ANONYMOUS and mine >= self._config.max_keyless_sessions:
+            raise ResourceExhausted(
+                f"{mine} keyless sessions are open (sessions.max_keyless_sessions); close one "
+                "(DELETE /sessions/{id}), wait for idle ones to expire, or send an "
+                f"{CLIENT_KEY_HEADER} of your own"
+            )
+        if owner != ANONYMOUS and mine >= self._config.max_sessions_per_client:
             raise ResourceExhausted(
                 f"this client has {mine} sessions open (sessions.max_sessions_per_client); "
                 "close one (DELETE /sessions/{id} or CloseSession) or wait for idle ones to expire"
@@ -187,6 +196,9 @@ class SessionManager:
         return True
 
     def list(self, owner: str) -> list[Session]:
+        """`owner`'s sessions; none for ANONYMOUS, whose ids are their only protection."""
+        if owner == ANONYMOUS:
+            return []
         return [s for s in self._sessions.values() if s.owner == owner]
 
     async def _reap_idle(self) -> None:
