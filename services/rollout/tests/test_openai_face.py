@@ -236,3 +236,45 @@ async def test_tokenize_detokenize_round_trip(base_url: str) -> None:
             bad = await http.post(path, json=body)
             assert bad.status_code == 400, bad.text
             assert bad.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "field"),
+    [
+        ("/v1/chat/completions", '"temperature": NaN', "temperature"),
+        ("/v1/chat/completions", '"temperature": Infinity', "temperature"),
+        ("/v1/chat/completions", '"temperature": 1e999', "temperature"),  # a double's inf
+        ("/v1/chat/completions", '"temperature": 1e300', "temperature"),  # inf in float32
+        ("/v1/chat/completions", '"top_p": -Infinity', "top_p"),
+        ("/v1/chat/completions", '"top_p": 5', "top_p"),  # was quietly read as 1
+        ("/v1/chat/completions", '"repetition_penalty": NaN', "repetition_penalty"),
+        ("/v1/chat/completions", '"repetition_penalty": 1e300', "repetition_penalty"),
+        ("/v1/chat/completions", '"frequency_penalty": NaN', "frequency_penalty"),
+        ("/v1/chat/completions", '"logit_bias": {"5": NaN}', "logit_bias.5"),
+        ("/v1/chat/completions", '"metadata": {"x": [1, NaN]}', "metadata.x.1"),
+        ("/v1/chat/completions", '"top_k": -2', "top_k"),
+        ("/v1/chat/completions", f'"seed": {1 << 70}', "seed"),
+        ("/v1/completions", '"temperature": NaN', "temperature"),
+        ("/v1/responses", '"top_p": NaN', "top_p"),
+        ("/tokenize", '"add_generation_prompt": true, "x": NaN', "x"),
+    ],
+)
+async def test_non_finite_or_out_of_range_numbers_are_400(
+    base_url: str, path: str, fields: str, field: str
+) -> None:
+    """JSON's missing NaN/Infinity literals (Python's parser reads them) and values that
+    overflow float32 are refused naming the field, as the gRPC face refuses them; a NaN
+    temperature used to answer 200 (neither greedy nor sampled: token 0 every step)."""
+    prompt = {
+        "/v1/chat/completions": '"messages": [{"role": "user", "content": "2+2?"}]',
+        "/v1/completions": '"prompt": "2+2?"',
+        "/v1/responses": '"input": "2+2?"',
+        "/tokenize": '"prompt": "2+2?"',
+    }[path]
+    limit = ', "max_tokens": 4' if path.endswith("completions") else ""
+    body = f'{{"model": "tiny", {prompt}{limit}, {fields}}}'
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        reply = await http.post(path, content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and field in error["message"], error

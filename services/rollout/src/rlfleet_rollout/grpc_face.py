@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -74,6 +75,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(self, config: RolloutServiceConfig, engine: Engine) -> None:
         self.config = config
         self.engine = engine
+        self._update_order = asyncio.Lock()
 
     async def Generate(
         self, request: rollout_pb2.GenerateRequest, context: aio.ServicerContext[Any, Any]
@@ -117,13 +119,25 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def UpdateWeights(
         self, request: rollout_pb2.UpdateWeightsRequest, context: aio.ServicerContext[Any, Any]
     ) -> rollout_pb2.UpdateWeightsResponse:
-        with _invalid_argument():
-            if request.transport == rollout_pb2.WEIGHT_TRANSPORT_SHARED_FILE:
-                check_weights_path(
-                    request.file_path, self.config.weight_file_roots, "weight_file_roots"
-                )
-            incoming = update_receiver(request.transport).receive(request)
-        return await self._update(request, incoming)
+        # One UpdateWeights at a time, in arrival order (asyncio.Lock is FIFO): reading a
+        # file in a thread must not let a later version's smaller file overtake it.
+        async with self._update_order:
+            with _invalid_argument():
+                receiver = update_receiver(request.transport)
+                if request.transport == rollout_pb2.WEIGHT_TRANSPORT_SHARED_FILE:
+                    check_weights_path(
+                        request.file_path, self.config.weight_file_roots, "weight_file_roots"
+                    )
+                    # Refuse a stale version before reading gigabytes, not after.
+                    check_newer(
+                        request.weight_version,
+                        self.engine.weight_version,
+                        self.config.max_weight_version_jump,
+                    )
+                # A safetensors read takes seconds per GB: off the event loop, so that
+                # generation, health checks and other calls go on meanwhile.
+                incoming = await asyncio.to_thread(receiver.receive, request)
+            return await self._update(request, incoming)
 
     async def StreamWeights(
         self,

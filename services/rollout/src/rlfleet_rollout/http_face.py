@@ -23,6 +23,7 @@ from rlfleet_core.errors import InvalidArgument, ServiceError
 from rlfleet_rollout import metrics, openai_stream
 from rlfleet_rollout.engines.base import Engine
 from rlfleet_rollout.openai_bodies import (
+    NON_FINITE,
     ChatBody,
     CompletionBody,
     DetokenizeBody,
@@ -39,8 +40,8 @@ from rlfleet_rollout.openai_messages import (
     training_fields,
     usage_of,
 )
-from rlfleet_rollout.types import FinishReason, GenerateInput, Sample, SamplingConfig
-from rlfleet_rollout.validation import check_prompt
+from rlfleet_rollout.types import FinishReason, GenerateInput, Sample
+from rlfleet_rollout.validation import check_prompt, checked_sampling
 
 
 def _error(
@@ -109,27 +110,23 @@ class OpenAIFace:
             raise InvalidArgument("max_tokens", f"must be > 0, got {max_tokens}")
         if not 1 <= n <= 128:
             raise InvalidArgument("n", f"must be within [1, 128], got {n}")
-        if body.temperature < 0:
-            raise InvalidArgument("temperature", f"must be >= 0, got {body.temperature}")
         stop = getattr(body, "stop", None)
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         stop_ids = tuple(getattr(body, "stop_token_ids", None) or ())
         if stop_ids:
             check_prompt(list(stop_ids), self.engine.vocab_size, 1 << 30, "stop_token_ids")
-        min_tokens = getattr(body, "min_tokens", 0)
-        if min_tokens < 0:
-            raise InvalidArgument("min_tokens", f"must be >= 0, got {min_tokens}")
-        sampling = SamplingConfig(
+        # The same checks as the gRPC face's (NaN, infinities, ranges), naming the field.
+        sampling = checked_sampling(
+            "",
             max_tokens=min(max_tokens or room, room),
             temperature=body.temperature,
-            top_p=body.top_p if 0 < body.top_p <= 1 else 1.0,
+            top_p=body.top_p,
             top_k=getattr(body, "top_k", -1),
-            min_tokens=min_tokens,
-            stop=stops,
-            stop_token_ids=stop_ids,
-            seed=getattr(body, "seed", None),
-            ignore_eos=bool(getattr(body, "ignore_eos", False)),
+            min_tokens=getattr(body, "min_tokens", 0),
             repetition_penalty=getattr(body, "repetition_penalty", 1.0),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+            stop_token_ids=stop_ids,
+            ignore_eos=bool(getattr(body, "ignore_eos", False)),
+            seed=getattr(body, "seed", None),
             top_logprobs=top,
         )
         request = GenerateInput(
@@ -433,6 +430,9 @@ def add_openai_routes(app: FastAPI, face_getter: Any) -> None:
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         # OpenAI and vLLM answer a malformed body with 400 naming the field (FastAPI: 422).
         first = exc.errors()[0]
+        if first.get("type") == NON_FINITE:  # found anywhere in the body: ctx says where
+            field = str(first["ctx"]["field"])
+            return _error(400, str(first.get("msg")), param=field)
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         field = ".".join(loc) or "body"
         if first.get("type") == "extra_forbidden":

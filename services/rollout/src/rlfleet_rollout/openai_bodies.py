@@ -3,29 +3,66 @@
 implement is declared only to refuse a value that would change the answer
 (`check_unsupported`); `user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`
 and `stream_options.include_obfuscation` are accepted and ignored.
+
+JSON has no NaN nor infinities, but Python's parser reads `NaN`, `Infinity` and numbers
+too large for a double (`1e999`) as such: a body holding one anywhere is refused (400
+naming where), before any field is read, so no engine samples with a NaN temperature.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 from rlfleet_core.errors import InvalidArgument
 
 MAX_TOP_LOGPROBS = 20
 """vLLM's default `max_logprobs`; OpenAI allows 20 for chat."""
+NON_FINITE = "non_finite_number"
+"""The pydantic error type of a NaN or infinity in a body; its ctx names the field."""
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def first_non_finite(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first NaN or infinity in a parsed JSON value, else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "body"
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = first_non_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data: Any) -> Any:
+        where = first_non_finite(data)
+        if where is not None:
+            raise PydanticCustomError(
+                NON_FINITE,
+                "{field}: NaN and infinities are not numbers (send a finite value)",
+                {"field": where},
+            )
+        return data
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
     include_obfuscation: bool = False
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class _Body(_Strict):
     model: str = ""
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -76,9 +113,7 @@ class ChatBody(_Body):
     that the model continues; needs `add_generation_prompt: false`."""
 
 
-class ResponsesBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ResponsesBody(_Strict):
     model: str = ""
     input: str | list[dict[str, Any]] = ""
     instructions: str | None = None
@@ -97,10 +132,8 @@ class ResponsesBody(BaseModel):
     text: dict[str, Any] | None = None
 
 
-class TokenizeBody(BaseModel):
+class TokenizeBody(_Strict):
     """vLLM's POST /tokenize: exactly one of `prompt` and `messages`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str = ""
     prompt: str | None = None
@@ -113,9 +146,7 @@ class TokenizeBody(BaseModel):
     return_token_strs: bool = False
 
 
-class DetokenizeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DetokenizeBody(_Strict):
     model: str = ""
     tokens: list[int]
 
