@@ -214,11 +214,11 @@ def test_another_caller_sending_the_same_session_id_gets_its_own_episode(
         ) as keyed,
     ):
         assert _tool(services, episode, "secret = 41", owner)["success"] is True
-        assert owner.cookies.get("rlfleet_tool_caller")  # minted for the owner
         for other in (stranger, keyed):
             seen = _tool(services, episode, "print(secret)", other)
             assert seen["success"] is False and "NameError" in seen["error_message"], seen
             assert _tool(services, episode, "secret = 0", other)["success"] is True
+        assert owner.cookies.get("rlfleet_tool_caller")  # minted for the owner
         # Nor can another caller end it.
         assert _end(stranger, episode) is True  # its own episode of that name
         assert _tool(services, episode, "print(secret + 1)", owner)["stdout"] == "42\n"

@@ -2,9 +2,10 @@ r"""`math_with_code`: math problems solved with a Python tool; the final answer 
 as `math` grades it.
 
 The policy calls the `execute_python` tool during its episode (tool_routes.py /
-python_tool.py: a stateful session in the sandbox per episode); the multi-turn loop
-that calls it belongs to the agentic rollout. This environment scores the episode's
-final answer.
+python_tool.py: a stateful session in the sandbox per episode, the episode found by its
+caller and `X-Session-ID`, so no other caller reaches it); the multi-turn loop that
+calls it belongs to the agentic rollout. This environment scores the episode's final
+answer.
 
 Row fields (NeMo-Gym math_with_code shape; its example rows load as they ship):
 - `expected_result` (or `expected_answer`; required): the gold answer.
