@@ -53,6 +53,12 @@ class IsolationConfig(ConfigModel):
     """The complete environment of sandboxed programs; nothing of the service's leaks in."""
     start_timeout_s: float = Field(10.0, gt=0)
     """A sandbox that is not ready this long after spawning counts as failed."""
+    cgroup: Literal["auto", "off"] = "auto"
+    """`auto`: where the machine has a writable cgroup v2 hierarchy, each sandbox gets a
+    cgroup of its own below the service's (memory.max, pids.max, OOM kills and CPU read
+    from it), so the kernel bounds a run's processes together; elsewhere (cgroup v1, no
+    delegation) the runner's accounting over the sandbox's process tree does it alone
+    (docs/sandbox.md, "Limits of a run"). `off`: the accounting only."""
 
 
 LIMIT_NAMES = (

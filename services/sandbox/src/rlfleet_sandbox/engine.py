@@ -4,8 +4,10 @@ pool or to a session, and turns raw facts into an `ExecResult`."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from rlfleet_core.errors import InvalidArgument
 
@@ -27,6 +29,10 @@ from rlfleet_sandbox.types import (
 )
 
 logger = logging.getLogger(__name__)
+
+RUNNER_CPU_ALLOWANCE_S = 0.25
+"""CPU of the runner itself (measuring, scrubbing) that a sandbox cgroup's cpu.stat holds
+besides the run's: not the program's to pay."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,22 @@ def to_result(raw: RawRun, limits: RunLimits) -> ExecResult:
     """ExecResult from what the runner reported and what the service saw."""
     overflow = raw.stdout_overflow or raw.stderr_overflow
     report = raw.report
+    cgroup_cpu_over = (
+        raw.cgroup_cpu_s is not None
+        and raw.cgroup_cpu_s > math.ceil(limits.cpu_time_s) + RUNNER_CPU_ALLOWANCE_S
+    )
+    if report is None and raw.cgroup_oom_kills and not overflow:
+        # The kernel's OOM killer took the runner too: the run's memory, not a crash.
+        return ExecResult(
+            Status.MEMORY,
+            raw.stdout,
+            raw.stderr,
+            exit_code=-1,
+            signal=9,
+            wall_time_s=raw.wall_s,
+            stdout_truncated=raw.stdout_overflow,
+            stderr_truncated=raw.stderr_overflow,
+        )
     if report is None:
         # No report: the service killed the sandbox past the deadline (TIMEOUT), or it
         # died under the program (e.g. the program killed its runner): the program's fault
@@ -152,10 +174,14 @@ def to_result(raw: RawRun, limits: RunLimits) -> ExecResult:
         signal=int(report.get("signal", 0)),
         cpu_s=float(report.get("cpu_s", 0.0)),
         timed_out=bool(report.get("timed_out")),
-        memory_error=bool(report.get("memory_error")),
+        memory_error=bool(report.get("memory_error")) or raw.cgroup_oom_kills > 0,
         output_overflow=overflow,
         stderr_tail=raw.stderr[-512:],
+        cpu_exceeded=bool(report.get("cpu_exceeded")) or cgroup_cpu_over,
     )
+    extra: dict[str, Any] = {"max_rss_kb": int(report.get("max_rss_kb", 0))}
+    if "memory_peak_bytes" in report:
+        extra["memory_peak_bytes"] = int(report["memory_peak_bytes"])
     return ExecResult(
         status=classify(facts, limits),
         stdout=raw.stdout,
@@ -166,5 +192,5 @@ def to_result(raw: RawRun, limits: RunLimits) -> ExecResult:
         cpu_time_s=facts.cpu_s,
         stdout_truncated=raw.stdout_overflow,
         stderr_truncated=raw.stderr_overflow,
-        extra={"max_rss_kb": int(report.get("max_rss_kb", 0))},
+        extra=extra,
     )

@@ -22,7 +22,9 @@ from rlfleet_sandbox.config import IsolationConfig
 from rlfleet_sandbox.inside import runner
 from rlfleet_sandbox.isolation import (
     HostPath,
+    SandboxCgroup,
     build_bwrap_command,
+    find_cgroup_v2_root,
     privilege_drop_prefix,
     probe_host_paths,
     resolve_bwrap,
@@ -60,6 +62,9 @@ class SandboxSpec:
     prefix: tuple[str, ...]
     """Run before bwrap (the privilege drop when the service is root)."""
     start_timeout_s: float
+    cgroup_root: str | None = None
+    """Where each sandbox's own cgroup v2 is made (isolation.find_cgroup_v2_root); None:
+    no cgroups, the runner's accounting alone bounds a run."""
 
     @classmethod
     def from_config(cls, config: IsolationConfig) -> SandboxSpec:
@@ -75,6 +80,7 @@ class SandboxSpec:
                 privilege_drop_prefix(config.sandbox_uid, config.sandbox_gid, os.geteuid())
             ),
             start_timeout_s=config.start_timeout_s,
+            cgroup_root=find_cgroup_v2_root(config.cgroup),
         )
 
     def command(self, mode: str, ctrl_fd: int, session_limits: dict[str, Any] | None) -> list[str]:
@@ -134,6 +140,10 @@ class RawRun:
     the program may or may not have run."""
     node: str = ""
     """The Ray node that ran it (ray_pool.py); empty in the process mode."""
+    cgroup_oom_kills: int = 0
+    """Processes the kernel OOM-killed in the sandbox's cgroup during the run."""
+    cgroup_cpu_s: float | None = None
+    """CPU of the sandbox's cgroup during the run (None: no cgroup)."""
 
 
 class SandboxHandle(Protocol):
@@ -168,6 +178,7 @@ class Sandbox:
     hand each sandbox to one run at a time."""
 
     def __init__(self, process: asyncio.subprocess.Process, sock: socket.socket, mode: str) -> None:
+        self.cgroup: SandboxCgroup | None = None
         self.process = process
         self.sock = sock
         self.mode = mode
@@ -213,6 +224,16 @@ class Sandbox:
                 f"sandbox did not start (bwrap exit {process.returncode}): "
                 f"{why.decode(errors='replace').strip() or 'no message'}"
             )
+        if spec.cgroup_root is not None:
+            # Ready: bwrap and the runner exist and nothing else will run before the first
+            # request, so every later process of the sandbox starts inside the cgroup.
+            try:
+                sandbox.cgroup = SandboxCgroup.create(
+                    spec.cgroup_root, f"sandbox-{process.pid}", _tree(process.pid)
+                )
+            except OSError as exc:
+                await sandbox.kill()
+                raise SandboxStartError(f"cannot put the sandbox in a cgroup: {exc}") from exc
         return sandbox
 
     @property
@@ -248,6 +269,17 @@ class Sandbox:
             }
         ).encode()
         start = time.monotonic()
+        oom_before = cpu_before = 0.0
+        if self.cgroup is not None:
+            try:
+                self.cgroup.limit(request.limits.memory_bytes, request.limits.max_processes)
+                oom_before, cpu_before = self.cgroup.oom_kills(), self.cgroup.cpu_s()
+            except OSError:
+                logger.exception("cannot set the limits of cgroup %s", self.cgroup.path)
+                self.healthy = False
+                for fd in (payload_r, payload_w, stdin_r, stdin_w, out_r, out_w, err_r, err_w):
+                    os.close(fd)
+                return RawRun(None, b"", b"", False, False, False, 0.0)
         try:
             socket.send_fds(
                 self.sock, [json.dumps(message).encode()], [payload_r, stdin_r, out_w, err_w]
@@ -298,7 +330,7 @@ class Sandbox:
             await asyncio.gather(*feeders, return_exceptions=True)
         if report is None or not report.get("reusable", False):
             self.healthy = False
-        return RawRun(
+        raw = RawRun(
             report,
             readers[0].data,
             readers[1].data,
@@ -307,6 +339,10 @@ class Sandbox:
             backstop_killed,
             time.monotonic() - start,
         )
+        if self.cgroup is not None:
+            raw.cgroup_oom_kills = self.cgroup.oom_kills() - int(oom_before)
+            raw.cgroup_cpu_s = self.cgroup.cpu_s() - cpu_before
+        return raw
 
     def _stop_after_overflow(self, readers: tuple[CappedReader, CappedReader]) -> None:
         if self.mode == "oneshot":
@@ -350,6 +386,19 @@ class Sandbox:
                     os.killpg(pid, signal.SIGKILL)
                 await self.process.wait()
         self.sock.close()
+        if self.cgroup is not None:
+            cgroup, self.cgroup = self.cgroup, None
+            await asyncio.to_thread(cgroup.remove)
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(_children(current))
+    return found
 
 
 def _children(pid: int) -> list[int]:

@@ -133,6 +133,9 @@ class RunFacts:
     memory_error: bool
     output_overflow: bool
     stderr_tail: bytes = b""
+    cpu_exceeded: bool = False
+    """The run's processes together used more CPU than the limit (the runner's meter, or
+    the sandbox cgroup's cpu.stat)."""
 
 
 _MEMORY_WORDS = (b"cannot allocate", b"memoryerror", b"out of memory", b"std::bad_alloc")
@@ -140,17 +143,18 @@ _MEMORY_WORDS = (b"cannot allocate", b"memoryerror", b"out of memory", b"std::ba
 
 def classify(facts: RunFacts, limits: RunLimits) -> Status:
     """The status of a run. Order matters: our own kill reasons first (output cap, wall
-    clock), then the kernel's (CPU rlimit signals), then the program's own outcome."""
+    clock, the run's CPU and memory budgets over all its processes), then the kernel's
+    (CPU rlimit signals), then the program's own outcome."""
     if facts.output_overflow:
         return Status.OUTPUT_LIMIT
-    if facts.timed_out:
+    if facts.timed_out or facts.cpu_exceeded:
         return Status.TIMEOUT
+    if facts.memory_error:
+        return Status.MEMORY
     if facts.signal == signal.SIGXCPU or (
         facts.signal == signal.SIGKILL and facts.cpu_s >= int(limits.cpu_time_s + 0.999)
     ):
         return Status.TIMEOUT
-    if facts.memory_error:
-        return Status.MEMORY
     if facts.signal == 0 and facts.exit_code == 0:
         return Status.OK
     if any(word in facts.stderr_tail.lower() for word in _MEMORY_WORDS):

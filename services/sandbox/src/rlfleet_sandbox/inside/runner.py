@@ -76,6 +76,14 @@ IDLE_WATCH_INTERVAL_S = 1.0
 RLIMIT_CPU (which also stands behind it, see `run_cell`)."""
 CPU_GRACE_S = 1.0
 """A session cell is stopped this much CPU past its limit (as RLIMIT_CPU's hard limit)."""
+RUN_WATCH_FIRST_S = 0.01
+RUN_WATCH_INTERVAL_S = 0.025
+"""How often a one-shot run's whole process tree is measured (memory, CPU): the first
+look soon (a short run ends before it and costs nothing more), then every 25 ms, so a
+run can overshoot its memory budget by what it allocates in ~25 ms before it is killed
+(bounded by the per-process RLIMIT_AS too)."""
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -178,6 +186,12 @@ def become_program(request: dict[str, Any], fds: list[int]) -> NoReturn:
         print(f"sandbox: cannot write input file: {exc}", file=sys.stderr)
         exit_program(1)
     apply_limits(request["limits"])
+    # Forked from the non-dumpable runner, the program would be non-dumpable too, and the
+    # runner (without capabilities) could not read its /proc/<pid>/smaps_rollup to count
+    # its memory by PSS. It holds nothing of the runner's worth hiding (the runner never
+    # sees a program's data), so it may be dumpable; one that turns that off again is
+    # counted by its whole RSS (see `pss_bytes`).
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     if request["language"] == "bash":
         script = os.memfd_create("script", 0)
         os.write(script, payload["code"].encode())
@@ -331,17 +345,24 @@ def current_limits() -> list[tuple[int, int]]:
     ]
 
 
-def supervise(sock: socket.socket, child: int, timeout_s: float) -> dict[str, Any]:
-    """Wait for the child with a wall-clock deadline, or until the service asks to kill."""
+def supervise(sock: socket.socket, child: int, timeout_s: float, meter: RunMeter) -> dict[str, Any]:
+    """Wait for the child with a wall-clock deadline, or until the service asks to kill,
+    measuring the run's process tree meanwhile (`meter`); kills everything when a budget
+    is exceeded. Orphans (reparented to the runner, as init) are reaped as they die, so
+    their CPU is counted exactly and their zombies do not hold process slots."""
     pidfd = os.pidfd_open(child)
     start = time.monotonic()
     deadline = start + timeout_s
-    timed_out = killed = False
+    next_look = start + RUN_WATCH_FIRST_S
+    timed_out = killed = over = False
+    status: int | None = None
+    usage: Any = None
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     poller.register(sock, select.POLLIN)
     while True:
-        wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        now = time.monotonic()
+        wait_ms = max(0, math.ceil((min(deadline, next_look) - now) * 1000))
         events = dict(poller.poll(wait_ms))
         if pidfd in events:
             break
@@ -353,20 +374,45 @@ def supervise(sock: socket.socket, child: int, timeout_s: float) -> dict[str, An
             killed = True
         elif time.monotonic() >= deadline:
             timed_out = True
-        if killed or timed_out:
+        elif time.monotonic() >= next_look:
+            reaped = reap_orphans(child)
+            if reaped is not None:
+                status, usage = reaped
+                break
+            over = meter.over()
+            next_look = time.monotonic() + RUN_WATCH_INTERVAL_S
+        if killed or timed_out or over:
             kill_all()
             break
-    _pid, status, usage = os.wait4(child, 0)
+    if not (killed or timed_out or over):
+        # The program ended; what it left running is measured once more before it dies.
+        meter.over()
+    if status is None:
+        _pid, status, usage = os.wait4(child, 0)
     os.close(pidfd)
     return {
         "wall_s": time.monotonic() - start,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
         "max_rss_kb": usage.ru_maxrss,
         "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else -1,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0,
         "timed_out": timed_out,
         "killed": killed,
     }
+
+
+def reap_orphans(child: int) -> tuple[int, Any] | None:
+    """Reap every dead process the runner is parent of; the program's own wait status and
+    rusage if it was among them."""
+    found = None
+    while True:
+        try:
+            pid, wait_status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return found
+        if pid == 0:
+            return found
+        if pid == child:
+            found = (wait_status, usage)
 
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
@@ -393,9 +439,14 @@ def serve_oneshot(sock: socket.socket) -> None:
             become_program(request, fds)
         for fd in fds:
             os.close(fd)
-        result = supervise(sock, child, request["timeout_s"])
-        result["memory_error"] = False
+        meter = RunMeter(request["limits"])
+        result = supervise(sock, child, request["timeout_s"], meter)
         result["reusable"] = scrub(baseline)
+        # After scrub's kill_others: every process of the run is reaped, its CPU counted.
+        result["cpu_s"] = meter.finish()
+        result["memory_error"] = meter.memory_exceeded
+        result["cpu_exceeded"] = meter.cpu_exceeded
+        result["memory_peak_bytes"] = meter.memory_peak
         send(sock, {"op": "done", **result})
         if not result["reusable"]:
             return
@@ -493,6 +544,131 @@ def sandbox_cpu_s() -> float:
                 continue
             ticks += sum(int(f) for f in fields[11:15])
     return total + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def program_pids() -> list[int]:
+    """Every process of this sandbox but the runner (pid 1): /proc is the sandbox's own
+    PID namespace, so no process of the run can be missing from it (a process cannot
+    leave the namespace or remove its /proc entry)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and name != "1"]
+
+
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds of the live (or zombie) processes `pids`, each with its reaped children
+    (/proc/<pid>/stat utime, stime, cutime, cstime: readable even for a non-dumpable
+    process). Add the runner's RUSAGE_CHILDREN for the processes it reaped itself."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            ticks += sum(int(f) for f in fields[11:15])
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / CLOCK_TICKS
+
+
+def reaped_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of one process (/proc/<pid>/statm; readable for every process)."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of one process: each page shared by N processes counts 1/N,
+    so children forked from one parent (sharing its pages copy-on-write) are not counted
+    once each as RSS would. A process that made itself non-dumpable hides its smaps from
+    the runner: it is counted by its full RSS instead (it cannot lower its count so)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return rss_bytes(pid)
+
+
+def scratch_bytes() -> int:
+    """Bytes held in the run's tmpfs mounts (files, deleted-but-open files included) and
+    in SysV shared memory: memory of the host the run holds without any process's RSS."""
+    total = 0
+    for path in SCRATCH_DIRS:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        total += (st.f_blocks - st.f_bfree) * st.f_frsize
+    try:
+        with open("/proc/sysvipc/shm") as fh:
+            rows = fh.read().splitlines()[1:]
+        for row in rows:
+            total += int(row.split()[14])  # rss
+    except (OSError, IndexError, ValueError):
+        pass
+    return total
+
+
+def tree_memory_bytes(pids: list[int], budget: int) -> int:
+    """Memory the run holds: its processes' PSS plus its tmpfs and SysV shm bytes. RSS
+    first (cheap; PSS <= RSS), PSS only when the RSS sum is over the budget."""
+    base = scratch_bytes()
+    rss = [rss_bytes(pid) for pid in pids]
+    total = base + sum(rss)
+    if total <= budget:
+        return total
+    return base + sum(pss_bytes(pid) if r else 0 for pid, r in zip(pids, rss, strict=True))
+
+
+class RunMeter:
+    """Holds a whole one-shot run (every process of the sandbox but the runner) to its
+    memory budget and its CPU budget, which the per-process rlimits only hold one process
+    at a time to (64 forked children could hold 64 x memory_bytes)."""
+
+    def __init__(self, limits: dict[str, Any]) -> None:
+        self.memory_budget = int(limits["memory_bytes"])
+        self.cpu_budget = float(math.ceil(limits["cpu_time_s"]))
+        self.cpu_start = reaped_cpu_s()
+        self.memory_peak = 0
+        self.memory_exceeded = False
+        self.cpu_exceeded = False
+        self.cpu_over_looks = 0
+
+    def cpu_used(self, pids: list[int]) -> float:
+        return reaped_cpu_s() - self.cpu_start + tree_cpu_s(pids)
+
+    def over(self) -> bool:
+        """Measure once; True once either budget is exceeded."""
+        pids = program_pids()
+        memory = tree_memory_bytes(pids, self.memory_budget)
+        self.memory_peak = max(self.memory_peak, memory)
+        if memory > self.memory_budget:
+            self.memory_exceeded = True
+        # Over on two looks in a row: one walk of /proc can count a process twice, when
+        # its parent reaps it (and adds its CPU to its own cutime) during the walk.
+        self.cpu_over_looks = (
+            self.cpu_over_looks + 1 if self.cpu_used(pids) > self.cpu_budget else 0
+        )
+        if self.cpu_over_looks >= 2:
+            self.cpu_exceeded = True
+        return self.memory_exceeded or self.cpu_exceeded
+
+    def finish(self) -> float:
+        """After every process of the run is dead and reaped (kill_others): the run's
+        exact CPU (each process's CPU reaches the runner's RUSAGE_CHILDREN through its
+        reapers), checked against the budget even when the run ended between looks."""
+        used = reaped_cpu_s() - self.cpu_start
+        if used > self.cpu_budget:
+            self.cpu_exceeded = True
+        return used
 
 
 class CpuWatchdog:
