@@ -116,3 +116,51 @@ def test_pipeline_stage_summaries_reach_the_trackers(tmp_path: Path) -> None:
     assert [v for _, v in after] == [pytest.approx(v, abs=1e-6) for v in expected]
     walls = [e.value for e in events.Scalars("pipeline/wall_s")]
     assert walls == [s.wall_s for s in run.stages]
+
+
+HOSTILE_STAGE = "<script>alert(1)</script>|x"
+HOSTILE_ENV = '<img src=x onerror="alert(2)">'
+LINK_ENV = "[click](https://evil.example/)"
+
+
+def hostile_stage_folder(root: Path) -> Path:
+    """A stage folder whose files carry HTML and markdown in the names the report shows:
+    the stage's name (lineage.json) and environment names (heldout.json, metrics.jsonl)."""
+    stage = stage_folder(root, "rlvr1")
+    (stage / "lineage.json").write_text(json.dumps({"stage": HOSTILE_STAGE}))
+    heldout = json.loads((stage / "heldout.json").read_text())
+    for label in ("before", "after"):
+        heldout[label][f"reward/{HOSTILE_ENV}"] = 0.5
+        heldout[label][f"reward/{LINK_ENV}"] = 0.25
+    (stage / "heldout.json").write_text(json.dumps(heldout))
+    rows = metrics_rows("rlvr1")
+    for row in rows:
+        row[f"reward/{HOSTILE_ENV}"] = 0.5
+    (stage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return stage
+
+
+def test_html_from_run_files_is_shown_not_run(tmp_path: Path) -> None:
+    """Names from run files used to reach report.html as live HTML (a <script> ran when
+    the report was opened). Now they show as written, and the page's CSP forbids any
+    script or outside fetch besides."""
+    stage = hostile_stage_folder(tmp_path / "s")
+    report(str(stage), "--html")
+    page = (stage / "report.html").read_text()
+    assert "<script" not in page and "<img src=x" not in page, page[:3000]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;|x" in page  # the stage's name, as text
+    assert "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in page
+    assert 'href="https://evil.example/' not in page and "[click](https://evil.example/)" in page
+    csp = page.split('http-equiv="Content-Security-Policy" content="')[1].split('"')[0]
+    assert csp.startswith("default-src 'none'; img-src data:;") and "script-src" not in csp
+    md = (stage / "report.md").read_text()
+    # The stage's row keeps its six cells: the name's `|` cannot split it.
+    row = next(line for line in md.splitlines() if line.startswith("| \\<script"))
+    assert row.replace("\\|", "").count("|") == 7, row
+
+
+def test_a_stage_name_cannot_place_plots_outside_the_folder(tmp_path: Path) -> None:
+    stage = stage_folder(tmp_path / "run" / "s", "rlvr1")
+    (stage / "lineage.json").write_text(json.dumps({"stage": "../../escaped"}))
+    report(str(stage))
+    assert [p.parent for p in tmp_path.rglob("*escaped_reward.png")] == [stage / "plots"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,22 @@ import matplotlib.pyplot as plt
 from rlfleet_contracts.run_folder import PipelineFolder
 
 logger = logging.getLogger(__name__)
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]<>|&])")
+
+
+def md_text(value: object) -> str:
+    """Text from a run's files (stage and environment names, metric labels) as literal
+    markdown: a name like `<script>` or `[x](http://...)` shows as written, in report.md
+    and in the HTML made from it, and a `|` or a newline cannot break a table row."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).split()))
+
+
+def file_stem(name: str) -> str:
+    """A stage's name as a file name inside plots/: a name from a run file (lineage.json)
+    must not reach `../` or another folder, nor break the markdown image link."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".")
+    return stem or "stage"
 
 
 @dataclass
@@ -243,13 +260,13 @@ def write_report(run_dir: Path, stages: list[StageResult], sections: Any | None 
     for stage in stages:
         delta = stage.heldout_reward_after - stage.heldout_reward_before
         lines.append(
-            f"| {stage.stage} | {stage.steps} | {stage.heldout_reward_before:.3f} | "
+            f"| {md_text(stage.stage)} | {stage.steps} | {stage.heldout_reward_before:.3f} | "
             f"{stage.heldout_reward_after:.3f} | {delta:+.3f} | {stage.wall_s:.0f} s |"
         )
         rows = read_metrics(Path(stage.metrics_path)) if stage.metrics_path else []
         totals.append(failure_totals(stage, rows))
         extras.append(kl_and_judge(rows))
-        png = plot_stage(stage, rows, folder.plots / f"{stage.stage}_reward.png")
+        png = plot_stage(stage, rows, folder.plots / f"{file_stem(stage.stage)}_reward.png")
         if png:
             plots.append(png)
     envs = sorted({e for s in stages for e in (*s.heldout_by_env_before, *s.heldout_by_env_after)})
@@ -258,7 +275,7 @@ def write_report(run_dir: Path, stages: list[StageResult], sections: Any | None 
             "",
             "Held-out reward per environment (before → after):",
             "",
-            "| stage | " + " | ".join(envs) + " |",
+            "| stage | " + " | ".join(md_text(e) for e in envs) + " |",
             "| --- |" + " ---: |" * len(envs),
         ]
         for s in stages:
@@ -268,22 +285,26 @@ def write_report(run_dir: Path, stages: list[StageResult], sections: Any | None 
                 else "—"  # the stage's blend has no such environment
                 for e in envs
             ]
-            lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
+            lines.append(f"| {md_text(s.stage)} | " + " | ".join(cells) + " |")
     if sections is not None:
         lines += sections.lines
     lines += _tool_call_lines(stages)
     lines += ["", 'Failures (docs/trainer.md, "Failures"):', ""]
-    lines += [f"- {s.stage}: {_failure_line(t)}" for s, t in zip(stages, totals, strict=True)]
+    lines += [
+        f"- {md_text(s.stage)}: {_failure_line(t)}" for s, t in zip(stages, totals, strict=True)
+    ]
     if any(extras):
         lines += ["", "KL to the reference (last step) and the GenRM judge:", ""]
         lines += [
-            f"- {s.stage}: {_kl_judge_line(e)}" for s, e in zip(stages, extras, strict=True) if e
+            f"- {md_text(s.stage)}: {_kl_judge_line(e)}"
+            for s, e in zip(stages, extras, strict=True)
+            if e
         ]
     if stages:
         plots.append(plot_heldout(stages, folder.plots / "heldout.png"))
     if len(envs) > 1:
         plots.append(plot_heldout_by_env(stages, envs, folder.plots / "heldout_by_env.png"))
-    lines += ["", *[f"![{p.stem}]({p.relative_to(run_dir)})" for p in plots]]
+    lines += ["", *[f"![{md_text(p.stem)}]({p.relative_to(run_dir)})" for p in plots]]
     folder.report_json.write_text(
         json.dumps(
             {
@@ -325,7 +346,7 @@ def _tool_call_lines(stages: list[StageResult]) -> list[str]:
     for s in measured:
         before, after = s.heldout_details.get("before", {}), s.heldout_details.get("after", {})
         cells = [_env_cell(before.get(k), after.get(k)) for k in TOOL_CALL_DETAILS]
-        lines.append(f"| {s.stage} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md_text(s.stage)} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from rlfleet_contracts.run_folder import PipelineFolder
 
 from rlfleet_pipeline.pipeline_end import REGRESSION_RESULTS, stage_kind
-from rlfleet_pipeline.report import StageResult
+from rlfleet_pipeline.report import StageResult, md_text
 
 MOVED = 1e-9
 NOISE_SE = 2.0
@@ -168,7 +168,8 @@ def end_of_run_sections(out: Path, stages: list[StageResult]) -> Sections:
         measure = stage_measure(stage, kinds.get(stage.stage, ""), folder.stage(stage.stage).root)
         measures[stage.stage] = {**measure, "outcome": verdict(measure)}
         lines.append(
-            f"| {stage.stage} | {measure['metric']} | {_cell(measure['before'])} | "
+            f"| {md_text(stage.stage)} | {md_text(measure['metric'])} | "
+            f"{_cell(measure['before'])} | "
             f"{_cell(measure['after'])} | {measures[stage.stage]['outcome']} |"
         )
     sections.lines += lines
@@ -185,13 +186,13 @@ def end_of_run_sections(out: Path, stages: list[StageResult]) -> Sections:
         sections.data["regression"] = rows
         sections.lines += [
             "",
-            f"Regressions: the final weights ({stages[-1].stage}'s export) on earlier "
-            f"stages' held-out sets ({folder.regression.name}/):",
+            f"Regressions: the final weights ({md_text(stages[-1].stage)}'s export) on "
+            f"earlier stages' held-out sets ({md_text(folder.regression.name)}/):",
             "",
             "| held-out set | after its stage | at the end | change |",
             "| --- | ---: | ---: | ---: |",
             *(
-                f"| {r['stage']} | {_cell(r['after_stage'])} | {_cell(r['at_end'])} | "
+                f"| {md_text(r['stage'])} | {_cell(r['after_stage'])} | {_cell(r['at_end'])} | "
                 f"{_delta(r['after_stage'], r['at_end'])} |"
                 for r in rows
             ),

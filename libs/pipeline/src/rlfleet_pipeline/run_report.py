@@ -21,6 +21,7 @@ from rlfleet_core.tracking import LoggerConfig, MetricsLogger
 from rlfleet_pipeline.report import (
     StageResult,
     heldout_failures,
+    md_text,
     read_metrics,
     reward_curves,
     write_report,
@@ -177,10 +178,11 @@ def compare_runs(a: Run, b: Run, out: Path) -> Path:
     label_a, label_b = a.name, b.name
     if label_a == label_b:
         label_a, label_b = str(a.root), str(b.root)
+    md_a, md_b = md_text(label_a), md_text(label_b)
     lines = [
-        f"# rlfleet comparison: {label_a} vs {label_b}",
+        f"# rlfleet comparison: {md_a} vs {md_b}",
         "",
-        f"| stage | metric | {label_a} | {label_b} | Δ (B − A) |",
+        f"| stage | metric | {md_a} | {md_b} | Δ (B − A) |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
     plots = []
@@ -192,11 +194,11 @@ def compare_runs(a: Run, b: Run, out: Path) -> Path:
         for label, attr in StageSummary.ROWS:
             x = getattr(va, attr) if va else NAN
             y = getattr(vb, attr) if vb else NAN
-            lines.append(f"| {title} | {label} | {_fmt(x)} | {_fmt(y)} | {_delta(x, y)} |")
+            lines.append(f"| {md_text(title)} | {label} | {_fmt(x)} | {_fmt(y)} | {_delta(x, y)} |")
         png = plot_pair(title, (label_a, sa), (label_b, sb), out / "plots" / f"compare_{i}.png")
         if png:
             plots.append(png)
-    lines += ["", *[f"![{p.stem}]({p.relative_to(out)})" for p in plots]]
+    lines += ["", *[f"![{md_text(p.stem)}]({p.relative_to(out)})" for p in plots]]
     path = out / "compare.md"
     path.write_text("\n".join(lines) + "\n")
     return path

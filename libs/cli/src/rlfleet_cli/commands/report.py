@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 from pathlib import Path
 from typing import Annotated
@@ -49,10 +50,16 @@ def report(
 
 
 def write_html(markdown: Path) -> Path:
-    """The markdown as one HTML file, plots inlined (data: URIs) so it can be mailed."""
+    """The markdown as one HTML file, plots inlined (data: URIs) so it can be mailed.
+
+    Raw HTML in the markdown is shown as text, never interpreted (names from run files are
+    already escaped as markdown, and `html: false` is the second wall), and the page's
+    Content-Security-Policy lets it run no script and fetch nothing: only its own style
+    and the inlined plots."""
     from markdown_it import MarkdownIt  # rich's own markdown parser
 
-    body = MarkdownIt("commonmark").enable("table").render(markdown.read_text())
+    parser = MarkdownIt("commonmark", {"html": False}).enable("table")
+    body = parser.render(markdown.read_text())
     for png in sorted((markdown.parent / "plots").glob("*.png")):
         data = base64.b64encode(png.read_bytes()).decode()
         body = body.replace(
@@ -60,6 +67,7 @@ def write_html(markdown: Path) -> Path:
         )
     page = (
         '<!doctype html>\n<html><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         f"<title>{html.escape(markdown.stem)}: {html.escape(markdown.parent.name)}</title>"
         f"<style>{STYLE}</style></head><body>\n{body}</body></html>\n"
     )
@@ -73,3 +81,10 @@ STYLE = (
     "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .6em}"
     "td{text-align:right}td:first-child{text-align:left}img{max-width:100%}"
 )
+CSP = (
+    "default-src 'none'; img-src data:; "
+    f"style-src 'sha256-{base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()}'; "
+    "base-uri 'none'; form-action 'none'"
+)
+"""No script, no request anywhere (a report may be opened from a mail or a shared
+folder): only the inlined plots and the one style block, pinned by its hash."""
