@@ -17,7 +17,7 @@ from rlfleet_proto.v1 import swe_pb2
 from rlfleet_swe.backends import Backend, Limits
 from rlfleet_swe.config import EvalConfig
 from rlfleet_swe.driver import DRIVER, MARKER, REPORT_PLUGIN
-from rlfleet_swe.results import parse_report, score, touches_test_machinery
+from rlfleet_swe.results import decode_refusal, parse_report, score, touches_test_machinery
 
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9_.:/+-]{1,256}$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,511}$")
@@ -109,6 +109,7 @@ class Evaluator:
             "workdir": request.workdir, "patch": request.patch,
             "test_patch": request.test_patch, "test_command": request.test_command,
             "nonce": nonce, "plugin": REPORT_PLUGIN,
+            "protected": list(self.config.protected_files),
         }).encode()  # fmt: skip
         limits = Limits(memory, self.config.cpus, self.config.pids_limit)
         run = await self.backend.run(
@@ -132,6 +133,10 @@ class Evaluator:
         elif run.timed_out:
             result.status = swe_pb2.EVAL_STATUS_TIMEOUT
             result.error = f"killed at the deadline ({timeout:g} s)"
+        elif refused := next((m for m in markers if m.startswith("refused ")), ""):
+            # The driver's check of the applied tree (driver.py): what the text check missed.
+            result.status = swe_pb2.EVAL_STATUS_PATCH_FAILED
+            result.error = decode_refusal(refused[len("refused ") :]) + " (eval.protected_files)"
         elif any(m.startswith("apply-failed") for m in markers):
             which = next(m for m in markers if m.startswith("apply-failed")).split()[-1]
             result.status = swe_pb2.EVAL_STATUS_PATCH_FAILED
@@ -141,12 +146,17 @@ class Evaluator:
             result.error = f"the container did not run the tests (exit {run.returncode})"
         else:
             report = next((m[len("report ") :] for m in markers if m.startswith("report ")), "")
-            outcomes = parse_report(report)
-            if outcomes is None:
-                result.error = "the test run left no report (pytest did not finish)"
+            outcomes, error = parse_report(report)
+            result.error = error
             resolved, tests = score(
-                outcomes or {}, list(request.fail_to_pass), list(request.pass_to_pass)
+                outcomes, list(request.fail_to_pass), list(request.pass_to_pass)
             )
+            missing = [
+                t.name for t in tests if t.required and t.outcome == swe_pb2.TEST_OUTCOME_MISSING
+            ]
+            if missing and not result.error:
+                result.error = (f"{len(missing)} required tests did not run "
+                                f"({', '.join(missing[:3])}...)")  # fmt: skip
             result.status = swe_pb2.EVAL_STATUS_COMPLETED
             result.resolved = resolved
             result.tests.extend(tests)

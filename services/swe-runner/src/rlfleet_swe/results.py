@@ -19,36 +19,110 @@ _OUTCOME = {
 }
 
 
-def parse_report(encoded: str) -> dict[str, swe_pb2.TestOutcome.ValueType] | None:
-    """Outcome per test id from the plugin's report (base64 of a JSON object); None when
-    the run left no readable report."""
+def parse_report(encoded: str) -> tuple[dict[str, swe_pb2.TestOutcome.ValueType], str]:
+    """(outcome per test id, error) from the driver's verdict on the plugin's stream
+    (base64 of a JSON object, see driver.py). A run whose stream was tampered with, or that
+    did not finish, has no outcomes (every test MISSING) and says why in `error`."""
     try:
         data = json.loads(base64.b64decode(encoded, validate=True) or b"null")
     except (binascii.Error, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    return {
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), dict):
+        return {}, "the test run left no report (the driver did not finish)"
+    if data.get("tampered"):
+        return {}, f"the test report was tampered with: {data['tampered']}; not resolved"
+    if not data.get("plugin_loaded"):
+        return {}, "the report plugin did not load (is the test command pytest?)"
+    if not data.get("finished"):
+        return {}, "the test run did not finish (pytest was killed or exited early)"
+    outcomes = {
         str(name): _OUTCOME[outcome]
-        for name, outcome in data.items()
+        for name, outcome in data["outcomes"].items()
         if isinstance(outcome, str) and outcome in _OUTCOME
     }
+    return outcomes, ""
 
 
-_DIFF_PATHS = re.compile(
-    r"^(?:diff --git a/(\S+) b/(\S+)|(?:\+\+\+|---) (?:[ab]/)?(\S+)|(?:rename|copy) (?:from|to) (\S+))",
-    re.M,
-)
+def decode_refusal(encoded: str) -> str:
+    try:
+        return base64.b64decode(encoded, validate=True).decode(errors="replace")
+    except (binascii.Error, ValueError):
+        return "the patch was refused"
+
+
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(text: str) -> tuple[str, str]:
+    """(path, rest) of a C-quoted path at the start of `text` (git's quoting of names with
+    spaces, quotes, control or non-ASCII bytes: octal escapes are UTF-8 bytes)."""
+    out = bytearray()
+    i = 1
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            return out.decode("utf-8", "surrogateescape"), text[i + 1 :]
+        if ch == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt in "01234567":
+                digits = re.match(r"[0-7]{1,3}", text[i + 1 :])
+                assert digits
+                out.append(int(digits.group(), 8) & 0xFF)
+                i += 1 + len(digits.group())
+                continue
+            out.append(_ESCAPES.get(nxt, ord(nxt) if nxt.isascii() else 63))
+            i += 2
+            continue
+        out += ch.encode("utf-8", "surrogateescape")
+        i += 1
+    return out.decode("utf-8", "surrogateescape"), ""
+
+
+def _path_field(text: str) -> list[str]:
+    """The path at the start of a `---`/`+++`/rename/copy header field."""
+    if text.startswith('"'):
+        return [_unquote(text)[0]]
+    return [text.split("\t", 1)[0].rstrip("\r")]
+
+
+def _git_header_paths(rest: str) -> list[str]:
+    """Both paths of `diff --git A B`; with unquoted names that hold spaces the split is
+    ambiguous, so every split is returned (this is a refusal check: more is safer)."""
+    rest = rest.rstrip("\r")
+    if rest.startswith('"'):
+        first, tail = _unquote(rest)
+        tail = tail.lstrip(" ")
+        return [first, *_path_field(tail)]
+    if rest.endswith('"') and ' "' in rest:
+        cut = rest.index(' "')
+        return [rest[:cut], _unquote(rest[cut + 1 :])[0]]
+    paths = []
+    for match in re.finditer(" ", rest):
+        paths += [rest[: match.start()], rest[match.end() :]]
+    return paths or [rest]
+
+
+def _strip_one(path: str) -> list[str]:
+    # git apply's default -p1; the unstripped form too (a diff made without prefixes).
+    return [path, path.split("/", 1)[1]] if "/" in path else [path]
 
 
 def patch_paths(patch: str) -> set[str]:
-    """The repository paths a unified diff touches (both sides of renames and copies)."""
-    return {
-        path
-        for match in _DIFF_PATHS.finditer(patch)
-        for path in match.groups()
-        if path and path != "/dev/null"
-    }
+    """The repository paths a unified diff touches (both sides of renames and copies),
+    quoted names decoded."""
+    paths: list[str] = []
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            for path in _git_header_paths(line[len("diff --git ") :]):
+                paths += _strip_one(path)
+        elif line.startswith(("--- ", "+++ ")):
+            for path in _path_field(line[4:]):
+                paths += _strip_one(path)
+        else:
+            for prefix in ("rename from ", "rename to ", "copy from ", "copy to "):
+                if line.startswith(prefix):
+                    paths += _path_field(line[len(prefix) :])
+    return {p for p in paths if p and p != "/dev/null" and p != "dev/null"}
 
 
 def touches_test_machinery(patch: str, test_patch: str, protected: Iterable[str]) -> list[str]:
