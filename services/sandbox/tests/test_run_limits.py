@@ -8,7 +8,21 @@ memory_bytes and N x cpu_time_s, and the run was reported OK."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 from rlfleet_proto.v1 import sandbox_pb2
+from rlfleet_sandbox.config import LimitsConfig
+from rlfleet_sandbox.engine import to_result
+from rlfleet_sandbox.isolation import (
+    SandboxCgroup,
+    cgroup_v2_mount,
+    own_cgroup_v2_path,
+    setup_cgroup_v2,
+)
+from rlfleet_sandbox.sandbox import RawRun
+from rlfleet_sandbox.types import RunLimits, Status, resolve_limits
 from sandbox_testlib import Harness
 
 MiB = 1 << 20
@@ -124,3 +138,99 @@ print("CHILDREN", codes, flush=True)
     assert result.status == sandbox_pb2.EXEC_STATUS_OK, result
     assert "CHILDREN [0, 0, 0, 0, 0, 0]" in result.stdout
     await sandbox.assert_healthy()
+
+
+# The cgroup v2 path. This machine has cgroup v1 only (the memory controller is bound to a
+# v1 hierarchy, so not even a private cgroup2 mount could hold it): its file protocol is
+# checked on a directory laid out like a delegated v2 cgroup, and its readings' effect on
+# the status through `to_result`.
+
+
+def _fake_cgroup(tmp_path: Path, procs: str = "101\n102\n") -> Path:
+    own = tmp_path / "sys" / "svc"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (own / "cgroup.subtree_control").write_text("\n")
+    (own / "cgroup.procs").write_text(procs)
+    return own
+
+
+def test_cgroup_v2_is_found_from_mounts_and_own_cgroup() -> None:
+    mounts = "proc /proc proc rw 0 0\ncgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n"
+    assert cgroup_v2_mount(mounts) == "/sys/fs/cgroup"
+    assert cgroup_v2_mount("cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n") is None
+    assert own_cgroup_v2_path("4:memory:/x\n0::/system.slice/rlfleet.service\n") == (
+        "/system.slice/rlfleet.service"
+    )
+    assert own_cgroup_v2_path("4:memory:/process_api/abc\n") is None  # v1 only (here)
+
+
+def test_cgroup_v2_setup_moves_the_service_into_a_leaf_and_delegates(tmp_path: Path) -> None:
+    own = _fake_cgroup(tmp_path)
+    root = setup_cgroup_v2(str(tmp_path), "/sys/svc")
+    assert root == str(own / "rlfleet-sandboxes")
+    # Its processes were moved to the leaf (the kernel empties own/cgroup.procs then).
+    assert (own / "rlfleet-service" / "cgroup.procs").read_text() == "102"  # last write
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (own / "rlfleet-sandboxes" / "cgroup.subtree_control").read_text() == "+memory +pids"
+
+
+def test_cgroup_v2_without_the_memory_controller_is_refused(tmp_path: Path) -> None:
+    own = _fake_cgroup(tmp_path)
+    (own / "cgroup.controllers").write_text("cpu pids\n")
+    with pytest.raises(OSError, match="memory"):
+        setup_cgroup_v2(str(tmp_path), "/sys/svc")
+
+
+def test_sandbox_cgroup_limits_and_readings(tmp_path: Path) -> None:
+    cgroup = SandboxCgroup(str(tmp_path / "sandbox-7"))
+    os.makedirs(cgroup.path)
+    for name, text in {
+        "memory.current": "12582912\n",
+        "memory.swap.max": "max\n",
+        "memory.events": "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n",
+        "cpu.stat": "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
+    }.items():
+        (tmp_path / "sandbox-7" / name).write_text(text)
+    cgroup.baseline_bytes = 12 * MiB
+    cgroup.limit(256 * MiB, 64)
+    assert (tmp_path / "sandbox-7" / "memory.max").read_text() == str(268 * MiB)
+    assert (tmp_path / "sandbox-7" / "memory.swap.max").read_text() == "0"
+    assert (tmp_path / "sandbox-7" / "pids.max").read_text() == "66"  # + runner and bwrap
+    assert cgroup.oom_kills() == 1 and cgroup.cpu_s() == 2.5
+
+
+def _limits() -> RunLimits:
+    return resolve_limits({"cpu_time_s": 1}, LimitsConfig())
+
+
+def test_a_cgroup_oom_kill_is_memory_even_when_it_took_the_runner() -> None:
+    report = {"op": "done", "exit_code": -1, "signal": 9, "cpu_s": 0.2, "wall_s": 0.3}
+    ok = {"op": "done", "exit_code": 0, "signal": 0, "cpu_s": 0.2, "wall_s": 0.3}
+    raw = RawRun(report, b"", b"", False, False, False, 0.3, cgroup_oom_kills=1)
+    assert to_result(raw, _limits()).status is Status.MEMORY
+    runner_gone = RawRun(None, b"", b"", False, False, False, 0.3, cgroup_oom_kills=2)
+    assert to_result(runner_gone, _limits()).status is Status.MEMORY
+    # cpu.stat over the limit (the runner's own allowance aside) is TIMEOUT even when the
+    # program exited 0 before anyone looked; within the allowance it stays OK.
+    over = RawRun(ok, b"", b"", False, False, False, 0.3, cgroup_cpu_s=1.6)
+    assert to_result(over, _limits()).status is Status.TIMEOUT
+    within = RawRun(ok, b"", b"", False, False, False, 0.3, cgroup_cpu_s=1.1)
+    assert to_result(within, _limits()).status is Status.OK
+
+
+def test_runner_reports_of_exceeded_budgets_are_statuses() -> None:
+    base = {"op": "done", "exit_code": 0, "signal": 0, "cpu_s": 2.4, "wall_s": 3.0}
+    raw = RawRun({**base, "cpu_exceeded": True}, b"", b"", False, False, False, 3.0)
+    assert to_result(raw, _limits()).status is Status.TIMEOUT
+    raw = RawRun(
+        {**base, "cpu_s": 0.1, "memory_error": True, "memory_peak_bytes": 5 << 30},
+        b"",
+        b"",
+        False,
+        False,
+        False,
+        3.0,
+    )
+    result = to_result(raw, _limits())
+    assert result.status is Status.MEMORY and result.extra["memory_peak_bytes"] == 5 << 30
