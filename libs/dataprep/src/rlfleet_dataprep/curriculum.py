@@ -7,6 +7,11 @@ It talks to the services over their public APIs only: K samples per prompt from 
 OpenAI-compatible `/v1/chat/completions` (the rollout service, or any such server), scored
 by the reward gateway's `ScoreGroup`. Without addresses, `rlfleet data prep` starts a
 rollout and a reward service of its own for the pass and hands their addresses here.
+
+The fleet token (RLFLEET_AUTH_TOKEN(_FILE)) goes only to a loopback rollout address
+(where `rlfleet data prep` starts its own, and where a local fleet listens); to another
+host only when the user says so (`--rollout-send-token`), since `--rollout-url` may name
+any server. Redirects are never followed: they would carry the token elsewhere.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from rlfleet_contracts.reward_client import RewardClient, ScoreGroupFailed
 from rlfleet_contracts.rows import DataError, Row, env_of, prompt_messages
-from rlfleet_core.auth import auth_headers
+from rlfleet_core.auth import AuthError, auth_headers, is_loopback, token_from_env
 
 SOLVED = 1.0
 """A sample counts as solved at full reward (graded environments rarely give exactly 1
@@ -118,13 +124,48 @@ def order_by_difficulty(rows: Sequence[Row], measured: Sequence[Measured]) -> tu
 # ----------------------------------------------------------------------------- services
 
 
+SEND_TOKEN_FLAG = "--rollout-send-token"
+
+
+def rollout_token(base_url: str, send_token_anywhere: bool = False) -> str | None:
+    """The fleet token to send to the rollout at `base_url`: the environment's, when the
+    address is loopback or the user allowed any host; else None (sent without one)."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DataError(f"--rollout-url: expected http(s)://host:port, got {base_url!r}")
+    try:
+        token = token_from_env()
+    except AuthError as exc:
+        raise DataError(str(exc)) from None
+    if token is None or not (send_token_anywhere or is_loopback(parts.hostname)):
+        return None
+    return token
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib would follow a redirect with every header, the token included."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:  # fmt: skip
+        raise DataError(
+            f"{req.get_method()} {req.full_url}: HTTP {code} redirects to {newurl}; "
+            "redirects are not followed (the fleet token would go along): give the final "
+            "address as --rollout-url"
+        )
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects)
+
+
 class ChatSampler:
     """K samples per row from an OpenAI-compatible server (`base_url` like
-    http://127.0.0.1:8000); the model is the server's first `/v1/models` entry."""
+    http://127.0.0.1:8000); the model is the server's first `/v1/models` entry.
+    `token`: the fleet token to send (None: none; see `rollout_token`)."""
 
-    def __init__(self, base_url: str, options: CurriculumOptions) -> None:
+    def __init__(self, base_url: str, options: CurriculumOptions, token: str | None) -> None:
         self.base_url = base_url.rstrip("/")
         self.options = options
+        self.token = token
         models = self._call("GET", "/v1/models", None)
         try:
             self.model = str(models["data"][0]["id"])
@@ -137,14 +178,22 @@ class ChatSampler:
             self.base_url + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json", **auth_headers()},
+            headers={"Content-Type": "application/json", **auth_headers(self.token or "")},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.options.timeout_s) as reply:
+            with _OPENER.open(request, timeout=self.options.timeout_s) as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
-            raise DataError(f"{method} {self.base_url}{path}: HTTP {exc.code} {detail}") from None
+            hint = ""
+            if exc.code == 401 and self.token is None and token_from_env() is not None:
+                hint = (
+                    f" (the fleet token is sent only to loopback addresses; {SEND_TOKEN_FLAG} "
+                    f"sends it to {urlsplit(self.base_url).hostname})"
+                )
+            raise DataError(
+                f"{method} {self.base_url}{path}: HTTP {exc.code} {detail}{hint}"
+            ) from None
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             raise DataError(f"{method} {self.base_url}{path}: {exc}") from None
 
@@ -194,12 +243,18 @@ class GroupScorer:
 
 @contextmanager
 def curriculum_services(
-    options: CurriculumOptions, *, rollout_url: str, reward_target: str
+    options: CurriculumOptions,
+    *,
+    rollout_url: str,
+    reward_target: str,
+    send_token_anywhere: bool = False,
 ) -> Iterator[tuple[Generate, Score]]:
     """(generate, score) over a running OpenAI-compatible server and reward gateway; the
-    caller starts them when the user gave none (data prep stays free of the fleet)."""
+    caller starts them when the user gave none (data prep stays free of the fleet).
+    `send_token_anywhere`: send the fleet token to a rollout beyond loopback too."""
+    token = rollout_token(rollout_url, send_token_anywhere)
     scorer = GroupScorer(reward_target, options.timeout_s)
     try:
-        yield ChatSampler(rollout_url, options), scorer
+        yield ChatSampler(rollout_url, options, token), scorer
     finally:
         scorer.close()

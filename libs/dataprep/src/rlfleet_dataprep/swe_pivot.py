@@ -320,6 +320,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default=BLEND)
     parser.add_argument("--measure-samples", type=int, default=0, metavar="K")
     parser.add_argument("--rollout-url", default="", help="OpenAI-compatible server")
+    parser.add_argument(
+        "--rollout-send-token",
+        action="store_true",
+        help="send the fleet token to a --rollout-url beyond loopback too",
+    )
     parser.add_argument("--reward", default="", help="reward gateway host:port")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -334,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
                                             args.max_tokens)  # fmt: skip
                 options.check()
                 sampler = stack.enter_context(curriculum_services(
-                    options, rollout_url=args.rollout_url, reward_target=args.reward
+                    options, rollout_url=args.rollout_url, reward_target=args.reward,
+                    send_token_anywhere=args.rollout_send_token,
                 ))  # fmt: skip
             out_dir, manifest = prepare_swe_pivot(
                 args.out, demos_path=args.demos, instances_path=args.instances,

@@ -112,6 +112,15 @@ def prep_rl(
             rich_help_panel="Curriculum",
         ),
     ] = None,
+    rollout_send_token: Annotated[
+        bool,
+        typer.Option(
+            "--rollout-send-token",
+            help="Send the fleet token to a --rollout-url beyond loopback too (by default "
+            "it goes only to loopback addresses; redirects are never followed).",
+            rich_help_panel="Curriculum",
+        ),
+    ] = False,
 ) -> None:
     """Fill placeholders, check every row against its reward environment (all bad rows
     listed by file:line; NeMo-Gym agent names mapped to environments), split train/val (last rows held out) and
@@ -162,7 +171,10 @@ def prep_rl(
                 )
                 generate, score = stack.enter_context(
                     curriculum_services(
-                        curriculum, rollout_url=sample_url, reward_target=reward_target
+                        curriculum,
+                        rollout_url=sample_url,
+                        reward_target=reward_target,
+                        send_token_anywhere=rollout_send_token,
                     )
                 )
                 passing = CurriculumPass(
