@@ -8,6 +8,8 @@ Target: isolated throughput at concurrency 4 >= 1.0x the bare baseline."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +51,21 @@ def check(candidate):
 
 check(below_threshold_pairs)
 '''
+
+
+BEFORE_ENV = "RLFLEET_SANDBOX_BENCH_BEFORE"
+"""A JSONL file of this benchmark's rows from an earlier tree (`rlfleet bench sandbox
+--json --no-save` there): each result then names that figure (`before_value`,
+`before_ratio`, `before_ref`), e.g. to show what a change to the sandbox costs."""
+
+
+def before_rows() -> dict[str, dict[str, object]]:
+    path = os.environ.get(BEFORE_ENV)
+    if not path:
+        return {}
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return {str(row["metric"]): row for row in rows}
 
 
 def humaneval_program() -> tuple[str, str]:
@@ -115,6 +132,7 @@ async def _measure(quick: bool) -> list[BenchResult]:
     running = await start_service(SERVICE, config)
     humaneval, label = humaneval_program()
     results: list[BenchResult] = []
+    before = before_rows()
     try:
         for program, code in (("trivial", TRIVIAL), ("humaneval", humaneval)):
             for concurrency in CONCURRENCY:
@@ -158,6 +176,15 @@ async def _measure(quick: bool) -> list[BenchResult]:
     finally:
         running.stop_event.set()
         await running.done
+    for result in results:
+        row = before.get(result.metric)
+        if row is not None:  # a copy: the results of one program and concurrency share extra
+            result.extra = {
+                **result.extra,
+                "before_value": row["value"],
+                "before_ratio": row["ratio"],
+                "before_ref": row.get("ref", row.get("timestamp", "")),
+            }
     return results
 
 
