@@ -181,7 +181,12 @@ def test_eight_responses_make_eight_comparisons_each_way(
     shown = []
     for r in seen:
         user = str(r["messages"][1]["content"])  # type: ignore[index]
-        pair = re.search(r"# Response 1\n(.*)\n\n# Response 2\n(.*)\n\nAnswer with", user, re.S)
+        pair = re.search(  # each response fenced (judge/fence.py)
+            r"<<<BEGIN RESPONSE_1 \w+>>>\n(.*)\n<<<END RESPONSE_1 \w+>>>.*"
+            r"<<<BEGIN RESPONSE_2 \w+>>>\n(.*)\n<<<END RESPONSE_2 \w+>>>",
+            user,
+            re.S,
+        )
         assert pair is not None
         shown.append((ANSWERS.index(pair[1]), ANSWERS.index(pair[2])))
     ring = [(i, (i + 1) % 8) for i in range(8)]
@@ -249,7 +254,8 @@ class _Judge(http.server.BaseHTTPRequestHandler):
         if self.mode == "hang":
             time.sleep(60)
             return
-        body = json.dumps({"choices": [{"message": {"content": "Response 1, clearly."}}]})
+        choice = {"message": {"content": "Response 1, clearly."}, "finish_reason": "stop"}
+        body = json.dumps({"choices": [choice]})
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()

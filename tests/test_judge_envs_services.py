@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOOL_ENV = "single_step_tool_use_with_argument_comparison"
 NOT_A_VERDICT = "the judge's answer is not a verdict: "
+UNFINISHED = "the judge's answer did not end (finish_reason"
 SAMPLES = r'rlfleet_rollout_samples_total\{face="http",finish_reason="[a-z_]+"\}'
 
 
@@ -90,7 +91,10 @@ def judged(target: str, judge_metrics: str, env: str, cases: list[tuple[dict, st
     for r in results:
         if r.failure_kind != reward_pb2.FAILURE_KIND_NONE:
             assert r.failure_kind == reward_pb2.FAILURE_KIND_JUDGE_ERROR and r.mask_sample
-            assert NOT_A_VERDICT in r.failure_reason and r.reward == 0, r.failure_reason
+            # no label ending it, or cut off by judge.max_tokens (finish_reason length)
+            assert r.reward == 0 and any(
+                why in r.failure_reason for why in (NOT_A_VERDICT, UNFINISHED)
+            ), r.failure_reason
     labelled = sum(r.failure_kind == reward_pb2.FAILURE_KIND_NONE for r in results)
     print(f"\n{env}: SmolLM2-135M wrote a verdict label {labelled} of {len(results)} times")
     for r in results:

@@ -32,6 +32,8 @@ class ScriptedJudge:
     statuses: list[int] = field(default_factory=list)
     """HTTP statuses to answer first, one per request (then 200)."""
     hang: bool = False
+    finish_reason: str | None = "stop"
+    """The `finish_reason` answered (None: the key is left out)."""
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorization: list[str | None] = field(default_factory=list)
 
@@ -46,9 +48,10 @@ class ScriptedJudge:
             return web.json_response({"error": {"message": f"scripted {status}"}}, status=status)
         text = "\n".join(m["content"] for m in body["messages"])
         content = self.answer(text)
-        return web.json_response(
-            {"choices": [{"message": {"role": "assistant", "content": content}}]}
-        )
+        choice: dict[str, Any] = {"message": {"role": "assistant", "content": content}}
+        if self.finish_reason is not None:
+            choice["finish_reason"] = self.finish_reason
+        return web.json_response({"choices": [choice]})
 
 
 @asynccontextmanager

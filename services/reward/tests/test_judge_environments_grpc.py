@@ -32,7 +32,13 @@ class _HostileJudge(http.server.BaseHTTPRequestHandler):
         if b"HANG" in body:
             time.sleep(60)
             return
-        answer = json.dumps({"choices": [{"message": {"content": "Hard to say, honestly."}}]})
+        answer = json.dumps(
+            {
+                "choices": [
+                    {"message": {"content": "Hard to say, honestly."}, "finish_reason": "stop"}
+                ]
+            }
+        )
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()

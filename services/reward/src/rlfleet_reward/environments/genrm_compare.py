@@ -33,11 +33,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rlfleet_core.errors import InvalidArgument
+
 from rlfleet_reward.environments.base import choice, optional_str
 from rlfleet_reward.environments.group import GroupContext, GroupEnvironment
 from rlfleet_reward.environments.judged import conversation_of
 from rlfleet_reward.judge.client import JUDGE_PARSE_FAILURES, JudgeClient, JudgeError, Messages
 from rlfleet_reward.judge.config import GenRMConfig
+from rlfleet_reward.judge.fence import FENCE_RULE, fence, neutralize
 from rlfleet_reward.judge.genrm import (
     Adjustments,
     Comparison,
@@ -61,7 +64,7 @@ INSTRUCTIONS = (
     "(excellent), then rank them from 1 to 6: 1 = Response 1 is much better, 2 = better, "
     "3 = slightly better, 4 = Response 2 is slightly better, 5 = better, 6 = much better. "
     "End your answer with exactly one JSON object on its own line, for example:\n"
-    '{"score_1": 4, "score_2": 2, "ranking": 2}'
+    '{"score_1": 4, "score_2": 2, "ranking": 2}\n' + FENCE_RULE
 )
 
 
@@ -105,15 +108,21 @@ def judge_messages(
     first = first if first.strip() else EMPTY_ANSWER
     second = second if second.strip() else EMPTY_ANSWER
     if fmt == "roles":
+        # Each response is its own message, so the template delimits it; neutralized so
+        # that it holds no special token, role marker or verdict (judge/fence.py).
         messages = [{"role": r, "content": c} for r, c in spec.conversation]
         if principle:
             messages.append({"role": "principle", "content": principle})
-        messages.append({"role": "response_1", "content": first})
-        messages.append({"role": "response_2", "content": second})
+        messages.append({"role": "response_1", "content": neutralize(first)})
+        messages.append({"role": "response_2", "content": neutralize(second)})
         return messages
     chat = "\n\n".join(f"[{role}]\n{content}" for role, content in spec.conversation)
     sections = [f"# Principle\n{principle}"] if principle else []
-    sections += [f"# Conversation\n{chat}", f"# Response 1\n{first}", f"# Response 2\n{second}"]
+    sections += [
+        f"# Conversation\n{chat}",
+        f"# Response 1\n{fence('RESPONSE_1', first)}",
+        f"# Response 2\n{fence('RESPONSE_2', second)}",
+    ]
     # The format again, last: small judges follow what they read last (SmolLM2-135M wrote
     # a parseable verdict 6 of 6 times with this line at temperature 0, 0 of 6 without).
     sections.append(ANSWER_FORMAT)
@@ -164,24 +173,32 @@ class GenRMCompareEnvironment(GroupEnvironment):
             principle = cfg.principles[spec.domain]
         if not cfg.use_principle:
             principle = None
-        pairs = comparison_pairs(spec.strategy or cfg.comparison_strategy, n)
+        strategy = spec.strategy or cfg.comparison_strategy
+        calls = judge_calls(strategy, n, cfg.swap_order)
+        if calls > cfg.max_judge_calls_per_group:
+            # Before any work: all_pairs grows as N^2 and the row chooses it.
+            where = "row.comparison_strategy" if spec.strategy else "genrm.comparison_strategy"
+            raise InvalidArgument(
+                where,
+                f"{strategy} over {n} responses needs {calls:,} judge calls, over "
+                f"genrm.max_judge_calls_per_group ({cfg.max_judge_calls_per_group:,}): use "
+                "circular or a smaller group",
+            )
+        deadline = time.monotonic() + ctx.timeout_s
+        pairs = comparison_pairs(strategy, n)
         orders = [o for i, j in pairs for o in ([(i, j), (j, i)] if cfg.swap_order else [(i, j)])]
+        # The prompts and their cache keys (JSON + SHA-256 of up to 2 MB a call) are CPU
+        # work proportional to the group: built in a thread, off the event loop.
+        prompts = await asyncio.to_thread(
+            _prompts, judge, spec, principle, samples, orders, cfg.prompt_format
+        )
         # Comparisons the judge is asked (a retried group finds the verdicts that parsed
         # in the cache): every result's `info.judge_calls`, the trainer's GenRM throughput.
-        asked = sum(
-            not judge.cached(
-                judge_messages(
-                    spec, principle, samples[i].text, samples[j].text, cfg.prompt_format
-                ),
-                VERDICT_OPENING,
-            )
-            for i, j in orders
-        )
-        deadline = time.monotonic() + ctx.timeout_s
+        asked = sum(not judge.cached([], key=key) for _, key in prompts)
         outcomes = await asyncio.gather(
             *(
-                self._compare(judge, spec, principle, samples, i, j, deadline, cfg.prompt_format)
-                for i, j in orders
+                self._compare(judge, i, j, messages, key, deadline)
+                for (i, j), (messages, key) in zip(orders, prompts, strict=True)
             )
         )
         done = [c for c in outcomes if isinstance(c, Comparison)]
@@ -249,28 +266,46 @@ class GenRMCompareEnvironment(GroupEnvironment):
     async def _compare(
         self,
         judge: JudgeClient,
-        spec: GenRMSpec,
-        principle: str | None,
-        samples: Sequence[Sample],
         first: int,
         second: int,
+        messages: Messages,
+        key: str,
         deadline: float,
-        fmt: str,
     ) -> Comparison | str:
         """One judge call on (first, second): the comparison, or why there is none."""
-        messages = judge_messages(spec, principle, samples[first].text, samples[second].text, fmt)
         left = deadline - time.monotonic()
         if left <= 0:
             return "no time left in the budget for this comparison"
         try:
-            return Comparison(
-                first, second, await judge.chat(messages, left, parse_verdict, VERDICT_OPENING)
-            )
+            verdict = await judge.chat(messages, left, parse_verdict, VERDICT_OPENING, key=key)
+            return Comparison(first, second, verdict)
         except JudgeError as exc:
             return str(exc)
         except VerdictError as exc:
             JUDGE_PARSE_FAILURES.labels(self.name).inc()
             return f"the judge's answer is not a verdict: {exc}"
+
+
+def judge_calls(strategy: str, n: int, swap_order: bool) -> int:
+    """Judge calls a group of `n` needs (computed, not listed: N can be large)."""
+    pairs = n * (n - 1) // 2 if strategy == "all_pairs" else (1 if n == 2 else n)
+    return pairs * (2 if swap_order else 1)
+
+
+def _prompts(
+    judge: JudgeClient,
+    spec: GenRMSpec,
+    principle: str | None,
+    samples: Sequence[Sample],
+    orders: Sequence[tuple[int, int]],
+    fmt: str,
+) -> list[tuple[Messages, str]]:
+    """(messages, cache key) of each comparison, in `orders`' order."""
+    out = []
+    for i, j in orders:
+        messages = judge_messages(spec, principle, samples[i].text, samples[j].text, fmt)
+        out.append((messages, judge.key_of(messages, VERDICT_OPENING)))
+    return out
 
 
 def _adjustments(cfg: GenRMConfig) -> Adjustments:

@@ -46,6 +46,7 @@ from rlfleet_reward.environments.judged import (
     deadline_of,
     judge_failure,
 )
+from rlfleet_reward.judge.fence import FENCE_RULE, fence
 from rlfleet_reward.judge.labels import parse_yes_no
 from rlfleet_reward.types import RowError, Sample, Score, scored
 
@@ -280,7 +281,7 @@ JUDGE_INSTRUCTIONS = (
     "You check one criterion of an AI assistant's final reply in a conversation. Read the "
     "conversation, then the final reply, then the question about the final reply; answer "
     "the question about the final reply only. End your answer with exactly one label: "
-    "[[YES]] or [[NO]]."
+    "[[YES]] or [[NO]]. " + FENCE_RULE
 )
 
 
@@ -291,7 +292,7 @@ def judge_messages(
     question; the label last)."""
     chat = "\n\n".join(f"[{role.upper()}]: {content}" for role, content in spec.conversation)
     user = (
-        f"# Conversation\n{chat}\n\n# Final reply\n{response}\n\n"
+        f"# Conversation\n{chat}\n\n# Final reply\n{fence('FINAL_REPLY', response)}\n\n"
         f"# Question about the final reply\n{item.question}\n\n"
         "Answer with exactly one label: [[YES]] or [[NO]]."
     )

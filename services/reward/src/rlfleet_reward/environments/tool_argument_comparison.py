@@ -52,10 +52,15 @@ from rlfleet_reward.environments.base import (
 )
 from rlfleet_reward.environments.judged import JudgeFailed, ask_judge, deadline_of, judge_failure
 from rlfleet_reward.environments.tool_use import decode_arguments, parse_tool_calls
+from rlfleet_reward.judge.fence import FENCE_RULE, fence
 from rlfleet_reward.judge.labels import parse_yes_no
 from rlfleet_reward.types import RowError, Sample, Score, ToolCall, scored
 
 MAX_JUDGE_ARGUMENTS = 16
+MAX_JUDGED_CALLS = 4
+"""Calls of one response whose free-text arguments go to the judge (the step has one
+call): the policy writes the calls, so their count must not multiply judge calls (a
+1 MB response holds ~20,000 of them); calls past these are not judged and do not match."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ def compare_call(spec: ArgumentSpec, call: ToolCall) -> Comparison:
 def judge_messages(tool: str, argument: str, expected: str, actual: str) -> list[dict[str, str]]:
     user = (
         f"A tool call to `{tool}` needs the argument `{argument}`.\n\n"
-        f"# Expected value\n{expected}\n\n# Value the assistant gave\n{actual}\n\n"
+        f"# Expected value\n{expected}\n\n"
+        f"# Value the assistant gave\n{fence('VALUE', actual)}\n\n"
         "Do the two values mean the same thing for this call (same request, facts and "
         "constraints; wording may differ)? Answer with exactly one label: [[YES]] or [[NO]]."
     )
@@ -149,7 +155,7 @@ def judge_messages(tool: str, argument: str, expected: str, actual: str) -> list
         {
             "role": "system",
             "content": "You compare tool-call arguments for meaning. End your answer "
-            "with exactly one label: [[YES]] or [[NO]].",
+            "with exactly one label: [[YES]] or [[NO]]. " + FENCE_RULE,
         },
         {"role": "user", "content": user},
     ]
@@ -227,7 +233,7 @@ class ToolArgumentComparisonEnvironment(Environment):
         if not pending:
             return _verdict(False, next(c.category for c in compared if c.category), len(calls))
         deadline = deadline_of(ctx)
-        for candidate in pending:  # almost always one: the single call of the step
+        for candidate in pending[:MAX_JUDGED_CALLS]:  # almost always one call
             answers = await asyncio.gather(
                 *(
                     ask_judge(
@@ -249,7 +255,8 @@ class ToolArgumentComparisonEnvironment(Environment):
                 return judge_failure(failures, len(answers))
             if all(answers):
                 return _verdict(True, "expected_tool_call", len(calls), judged=len(answers))
-        return _verdict(False, "argument_value_different", len(calls), judged=len(pending))
+        judged = min(len(pending), MAX_JUDGED_CALLS)
+        return _verdict(False, "argument_value_different", len(calls), judged=judged)
 
 
 def _verdict(ok: bool, category: str, num_calls: int, **info: object) -> Score:

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 JUDGE_CALLS = Counter(
     "rlfleet_reward_judge_calls",
     "Judge requests by outcome: ok, cache_hit, timeout, connect_error, http_<status>, "
-    "malformed (HTTP attempts; a retried call counts each attempt).",
+    "malformed, truncated (finish_reason not stop) (HTTP attempts; a retried call counts "
+    "each attempt).",
     ["outcome"],
     registry=REGISTRY,
 )
@@ -105,21 +106,32 @@ class JudgeClient:
         """Model + messages + every sampling parameter: a change in any is a new call."""
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
-    def cached(self, messages: Messages, opening: str = "") -> bool:
+    def key_of(self, messages: Messages, opening: str = "") -> str:
+        """`cache_key` of `chat(messages, ..., opening)` (pure: may run in a thread)."""
+        return self.cache_key(self._body(messages, opening))
+
+    def cached(self, messages: Messages, opening: str = "", key: str | None = None) -> bool:
         """Whether `chat(messages, ...)` would be answered from the cache, without a call."""
-        return self.cache_key(self._body(messages, opening)) in self._cache
+        return (key or self.key_of(messages, opening)) in self._cache
 
     async def chat(
-        self, messages: Messages, timeout_s: float, parse: Callable[[str], T], opening: str = ""
+        self,
+        messages: Messages,
+        timeout_s: float,
+        parse: Callable[[str], T],
+        opening: str = "",
+        key: str | None = None,
     ) -> T:
         """`parse` of the judge's answer text (choices[0].message.content; after `opening`,
         the verdict's start, when `judge.prefill` wrote it for the judge) within
-        `timeout_s`, or JudgeError saying why not. Only answers `parse` accepts are cached:
+        `timeout_s`, or JudgeError saying why not (also for an answer that did not end
+        with finish_reason `stop`). `key`: `cache_key` of this call, when the caller
+        computed it off the event loop. Only answers `parse` accepts are cached:
         a retried group asks again what failed instead of replaying the failure."""
         deadline = time.monotonic() + timeout_s
         body = self._body(messages, opening)
         prefill = self._prefill(opening)
-        key = self.cache_key(body)
+        key = key or self.cache_key(body)
         if key in self._cache:
             self._cache.move_to_end(key)
             JUDGE_CALLS.labels("cache_hit").inc()
@@ -191,8 +203,10 @@ class JudgeClient:
                 f"the judge's reply is over judge.max_answer_chars ({c.max_answer_chars})"
             )
         try:
-            content = json.loads(raw)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            choice = json.loads(raw)["choices"][0]
+            content = choice["message"]["content"]
+            finish = choice.get("finish_reason")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             JUDGE_CALLS.labels("malformed").inc()
             raise JudgeError(
                 f"the judge's reply is not a chat completion: {raw[:200].decode('utf-8', 'replace')!r}"
@@ -200,6 +214,13 @@ class JudgeClient:
         if not isinstance(content, str):
             JUDGE_CALLS.labels("malformed").inc()
             raise JudgeError(f"the judge's message content is {type(content).__name__}, not text")
+        if finish != "stop":
+            # An answer cut off by max_tokens (or of unknown ending) may stop mid-thought,
+            # before the judge's conclusion: a label it was still weighing is no verdict.
+            JUDGE_CALLS.labels("truncated").inc()
+            shown = "missing" if finish is None else repr(finish)[:40]
+            hint = f" (judge.max_tokens is {c.max_tokens})" if finish == "length" else ""
+            raise JudgeError(f"the judge's answer did not end (finish_reason {shown}){hint}")
         JUDGE_CALLS.labels("ok").inc()
         return content
 

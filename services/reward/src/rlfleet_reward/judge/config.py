@@ -102,6 +102,10 @@ class GenRMConfig(ConfigModel):
     comparison_strategy: Literal["circular", "all_pairs"] = "circular"
     """`circular`: i vs i+1 mod N (N pairs); `all_pairs`: N(N-1)/2 pairs. A row's
     `comparison_strategy` overrides it."""
+    max_judge_calls_per_group: int = Field(4096, ge=1, le=1_000_000)
+    """Most judge calls one ScoreGroup may need (pairs, times 2 with `swap_order`); a group
+    that needs more is refused (INVALID_ARGUMENT naming this key) before any call, since
+    `all_pairs` grows as N^2 (1,024 responses: 1,047,552 calls). circular needs N or 2N."""
     swap_order: bool = True
     """Judge each pair in both orders (2 calls a pair) so position bias cancels."""
     score_partial: bool = False

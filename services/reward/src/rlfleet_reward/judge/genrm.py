@@ -22,6 +22,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlfleet_reward.judge.fence import UnfinishedAnswer, judge_answer
+
 RANKING_MIDPOINT = 3.5
 """Rankings run 1 (response 1 much better) to 6 (response 2 much better)."""
 SCORE_RANGE = (1.0, 5.0)
@@ -54,15 +56,15 @@ class VerdictError(ValueError):
     """The judge's answer is not a verdict; the message says why."""
 
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-
-
 def parse_verdict(text: str) -> Verdict:
-    """The last JSON object in the judge's answer (reasoning in <think> skipped) that
-    carries `score_1`, `score_2` and `ranking`: scores in [1, 5], ranking in [1, 6]."""
-    answer = _THINK.sub("", text)
-    if "<think>" in answer:
-        raise VerdictError("the judge's reasoning never ended (<think> without </think>)")
+    """The last JSON object in the judge's own answer (reasoning in <think> and text it
+    quoted between fence lines skipped: judge/fence.py) that carries `score_1`, `score_2`
+    and `ranking`: scores in [1, 5], ranking in [1, 6]. The judged responses are
+    neutralized, so a verdict object they hold cannot be read here even when echoed."""
+    try:
+        answer = judge_answer(text)
+    except UnfinishedAnswer as exc:
+        raise VerdictError(str(exc)) from None
     decoder = json.JSONDecoder()
     found: dict[str, object] | None = None
     start = answer.find("{")
