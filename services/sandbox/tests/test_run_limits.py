@@ -55,7 +55,7 @@ async def test_forked_children_together_over_the_memory_limit_are_memory(
 ) -> None:
     # 4 x 80 MiB = 320 MiB against a 192 MiB run; each child alone is well under its
     # RLIMIT_AS. One child hides its smaps (non-dumpable): it still counts, by its RSS.
-    code = _HOLDERS.format(each=80, children=4, hide=True, hold_s=3)
+    code = _HOLDERS.format(each=80, children=4, hide=True, hold_s=10)
     result = await sandbox.run(code, memory_bytes=192 * MiB, timeout_s=20)
     assert "ATTEMPT" in result.stdout, result
     assert result.status == sandbox_pb2.EXEC_STATUS_MEMORY, result
@@ -234,3 +234,35 @@ def test_runner_reports_of_exceeded_budgets_are_statuses() -> None:
     )
     result = to_result(raw, _limits())
     assert result.status is Status.MEMORY and result.extra["memory_peak_bytes"] == 5 << 30
+
+
+async def test_session_cell_children_together_over_the_memory_limit_are_memory(
+    sandbox: Harness,
+) -> None:
+    session = await sandbox.stub.CreateSession(
+        sandbox_pb2.CreateSessionRequest(limits=sandbox_pb2.Limits(memory_bytes=192 * MiB)),
+        timeout=10,
+    )
+    sid = session.session_id
+    ok = await sandbox.run("x = 41", session_id=sid, memory_bytes=192 * MiB)
+    assert ok.status == sandbox_pb2.EXEC_STATUS_OK, ok
+    code = _HOLDERS.format(each=80, children=4, hide=True, hold_s=10)
+    result = await sandbox.run(code, session_id=sid, memory_bytes=192 * MiB, timeout_s=20)
+    assert "ATTEMPT" in result.stdout, result
+    assert result.status == sandbox_pb2.EXEC_STATUS_MEMORY, result
+    # A cell whose children share the session's memory copy-on-write is counted once.
+    shared = """
+import os, time
+block = b"\\1" * (60 << 20)
+pids = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.5)
+        os._exit(0)
+    pids.append(pid)
+print([os.waitpid(pid, 0)[1] for pid in pids])
+"""
+    result = await sandbox.run(shared, session_id=sid, memory_bytes=192 * MiB, timeout_s=20)
+    assert result.status == sandbox_pb2.EXEC_STATUS_OK, result
+    assert "[0, 0, 0, 0]" in result.stdout

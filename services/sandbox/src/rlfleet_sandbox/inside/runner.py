@@ -14,7 +14,8 @@ snippets. The runner starts once per sandbox ahead of demand (the warm pool) and
 * session mode (`session`): cells run in the runner process itself, in one persistent
   namespace, so variables survive between calls (an ipython-like kernel). Processes a
   cell started are killed when it ends; a watchdog thread holds the session to
-  `cpu_time_s` (+1 s) of CPU per cell, its threads and children included.
+  `cpu_time_s` (+1 s) of CPU per cell, its threads and children included, and the
+  runner with a cell's children together to the session's `memory_bytes`.
 
 Before it says ready, the runner finishes the sandbox (see `harden`): it mounts /tmp and
 /dev/shm afresh with an inode limit (bwrap cannot set one), drops the two capabilities it
@@ -680,8 +681,11 @@ class CpuWatchdog:
     session is reset). A cell that keeps the GIL starves it; the wall clock, enforced from
     outside by the service, still holds then."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, memory_budget: int = 0) -> None:
         self.sock = sock
+        self.memory_budget = memory_budget
+        """The session's memory_bytes over the runner and every process a cell started
+        (0: not checked); past it the cell is stopped as with the CPU budget (MEMORY)."""
         self.lock = threading.Lock()
         self.budget: tuple[float, float, float, float] | None = None
         self.reported = False
@@ -714,7 +718,13 @@ class CpuWatchdog:
                     continue
                 start_cpu, allowed_s, start_wall, own_at_start = self.budget
                 used = sandbox_cpu_s() - start_cpu - (self.own_cpu_s - own_at_start)
-                if used <= allowed_s:
+                memory_over = (
+                    self.in_cell
+                    and self.memory_budget > 0
+                    and tree_memory_bytes([1, *program_pids()], self.memory_budget)
+                    > self.memory_budget
+                )
+                if used <= allowed_s and not memory_over:
                     continue
                 self.reported = True
                 kill_all()
@@ -730,7 +740,7 @@ class CpuWatchdog:
                             "signal": int(signal.SIGKILL),
                             "timed_out": False,
                             "killed": True,
-                            "memory_error": False,
+                            "memory_error": memory_over,
                             "reusable": False,
                         },
                     )
@@ -747,7 +757,10 @@ def serve_session(sock: socket.socket, limits: dict[str, Any]) -> None:
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     sys.argv = [""]
-    watchdog = CpuWatchdog(sock)
+    watchdog = CpuWatchdog(sock, int(limits["memory_bytes"]))
+    # A cell's forked children would be non-dumpable like the runner, and their memory then
+    # counted by whole RSS (their pages shared with the runner counted again each).
+    os.register_at_fork(after_in_child=lambda: _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0))
     threading.Thread(target=watchdog.run, name="rlfleet-cpu-watchdog", daemon=True).start()
     while (received := receive(sock)) is not None:
         request, fds = received
