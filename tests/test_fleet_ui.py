@@ -59,7 +59,9 @@ def chromium(binary: str, profile: Path, *args: str) -> str:
 
 def serve_ui(run_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """`rlfleet ui` on a free port, without the token in its environment: it must read
-    the fleet's from <run_dir>/auth_token."""
+    the fleet's from <run_dir>/auth_token. Returns its login URL (Chromium follows it to
+    the page with the session cookie; libs/cli/tests/test_fleet_ui_auth.py checks the
+    refusals)."""
     env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
     with log.open("wb") as sink:
         proc = subprocess.Popen(
@@ -70,7 +72,9 @@ def serve_ui(run_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
         )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        found = re.search(r"http://127\.0\.0\.1:\d+/", log.read_text(errors="replace"))
+        found = re.search(
+            r"http://127\.0\.0\.1:\d+/login\?key=[\w-]+", log.read_text(errors="replace")
+        )
         if found:
             return proc, found.group(0)
         if proc.poll() is not None:
@@ -108,7 +112,8 @@ def test_ui_page_shows_a_healthy_fleet_in_chromium(tmp_path: Path) -> None:
             shot.unlink(missing_ok=True)
             chromium(binary, tmp_path / "profile", f"--screenshot={shot}", url)
             # Read-only: a write is refused with 405, not the standard library's 501.
-            post = urllib.request.Request(url + "api/snapshot", data=b"{}", method="POST")
+            base = url.split("login?")[0]
+            post = urllib.request.Request(base + "api/snapshot", data=b"{}", method="POST")
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(post, timeout=10)
             assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET"
