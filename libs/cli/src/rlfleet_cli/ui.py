@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rlfleet_core.config import ConfigError
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 def config_failure(exc: ConfigError) -> typer.Exit:
     for line in exc.lines:
-        err.print(f"[bold red]rlfleet: config error:[/] {line}")
+        # The line is text (it may hold "[profile]" or a user's value), not rich markup.
+        err.print(f"[bold red]rlfleet: config error:[/] {escape(line)}")
     return typer.Exit(2)
 
 

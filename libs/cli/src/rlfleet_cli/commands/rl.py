@@ -33,6 +33,15 @@ def rl(
     run: Annotated[
         str, typer.Option("--run", help="Profile from env.toml: local, compose or a SLURM profile.")
     ] = "local",
+    env_toml: Annotated[
+        Path | None,
+        typer.Option(
+            "--env-toml",
+            help="The env.toml to read profiles from (default: ./env.toml, then "
+            "~/.config/rlfleet/env.toml). A SLURM profile's `setup` lines are taken only "
+            "from a file named here (or in RLFLEET_ENV_TOML) or from ~/.config.",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -92,7 +101,7 @@ def rl(
     try:
         recipe = load_recipe(config, overrides or [])
         check_stage(stage, recipe, config)
-        profile = load_profile(run)
+        profile = load_profile(run, env_toml)
         service_overrides = rollout_overrides(recipe, engine)
     except ConfigError as exc:
         raise config_failure(exc) from None

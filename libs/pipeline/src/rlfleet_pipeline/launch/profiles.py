@@ -16,12 +16,16 @@
     [my-cluster.images]
     trainer = "/lustre/images/rlfleet-trainer.sqsh"
 
-The file is looked up as ./env.toml, then ~/.config/rlfleet/env.toml; `local` and
-`compose` exist even without one.
+The file is the one named (`--env-toml`, else RLFLEET_ENV_TOML), else ./env.toml, then
+~/.config/rlfleet/env.toml; `local` and `compose` exist even without one. A SLURM
+profile's `setup` lines run as you in every task of the job, so they are taken only from
+a file you named or from your own ~/.config/rlfleet/env.toml, never from an env.toml that
+happens to sit in the current folder (a cloned repository, a shared project folder).
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -30,6 +34,9 @@ from pydantic import Field, ValidationError
 from rlfleet_core.config import ConfigError, ConfigModel, format_validation_error
 
 SERVICES = ("trainer", "rollout", "reward", "sandbox", "swe-runner")
+ENV_TOML_ENV = "RLFLEET_ENV_TOML"
+"""Names the env.toml to use, as `--env-toml` does (a named file's `setup` is trusted)."""
+CWD_ENV_TOML = Path("env.toml")
 
 
 class LocalProfile(ConfigModel):
@@ -130,14 +137,30 @@ BUILTIN: dict[str, Profile] = {"local": LocalProfile(), "compose": ComposeProfil
 def find_env_toml(explicit: Path | None = None) -> Path | None:
     if explicit is not None:
         return explicit
-    for candidate in (Path("env.toml"), Path.home() / ".config" / "rlfleet" / "env.toml"):
+    named = os.environ.get(ENV_TOML_ENV, "").strip()
+    if named:
+        return Path(named)
+    for candidate in (CWD_ENV_TOML, Path.home() / ".config" / "rlfleet" / "env.toml"):
         if candidate.is_file():
             return candidate
     return None
 
 
+def _refuse_implicit_setup(path: Path, name: str, profile: Profile) -> None:
+    if isinstance(profile, SlurmProfile) and profile.setup:
+        raise ConfigError(
+            [
+                f"{path.resolve()} [{name}] setup: these shell lines would run as you in "
+                "every task of the SLURM job, and this env.toml was only found in the "
+                "current folder; name it to trust it: --env-toml env.toml (or "
+                f"{ENV_TOML_ENV}=env.toml), or keep the profile in ~/.config/rlfleet/env.toml"
+            ]
+        )
+
+
 def load_profile(name: str, env_toml: Path | None = None) -> Profile:
     path = find_env_toml(env_toml)
+    found_in_cwd = path == CWD_ENV_TOML and env_toml is None and not os.environ.get(ENV_TOML_ENV)
     profiles: dict[str, object] = {}
     if path is not None:
         try:
@@ -162,7 +185,11 @@ def load_profile(name: str, env_toml: Path | None = None) -> Profile:
         )
     model = LAUNCHERS[launcher]
     try:
-        return model.model_validate(table)
+        profile = model.model_validate(table)
     except ValidationError as exc:
         lines = format_validation_error(exc, model)
         raise ConfigError([f"{path} [{name}] {line}" for line in lines]) from None
+    if found_in_cwd:
+        assert path is not None
+        _refuse_implicit_setup(path, name, profile)
+    return profile
