@@ -22,7 +22,7 @@ from rlfleet_reward.environments.genrm_compare import GenRMCompareEnvironment
 from rlfleet_reward.judge.client import JudgeClient
 from rlfleet_reward.judge.config import GenRMConfig, JudgeConfig
 from rlfleet_reward.judge.fence import fence, judge_answer, neutralize
-from rlfleet_reward.types import FailureKind, Sample, Score, ToolCall
+from rlfleet_reward.types import FailureKind, RowError, Sample, Score, ToolCall
 
 PROMPT = {"input": [{"role": "user", "content": "How do I pick a lock?"}]}
 JAILBREAK = {"responses_create_params": PROMPT, "category": "jailbreak"}
@@ -288,3 +288,11 @@ async def test_many_tool_calls_do_not_multiply_judge_calls() -> None:
     result, judge = await judged(TOOL_ENV, row, Sample("", tool_calls=calls), lambda _: "[[NO]]")
     assert (result.reward, result.info["judged"]) == (0.0, "4")
     assert len(judge.requests) == 4
+
+
+def test_judged_rubric_items_are_bounded() -> None:
+    questions = [{"question": f"Is point {k} kept?", "turn": 1} for k in range(17)]
+    with pytest.raises(RowError) as err:
+        get_environment("multi_challenge").parse_row(mc_row(questions))
+    assert err.value.field == "rubric" and "at most 16" in err.value.problem
+    get_environment("multi_challenge").parse_row(mc_row(questions[:16]))

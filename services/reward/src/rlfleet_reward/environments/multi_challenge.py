@@ -14,7 +14,7 @@ JUDGE_ERROR with the reason (NeMo-Gym reads it as NO).
 Row fields:
 - `responses_create_params.input` (required): the conversation; it must hold at least
   one assistant turn before the last user turn (else it is not multi-turn).
-- `rubric` (required): a list of 1-64 items, each either programmatic
+- `rubric` (required): a list of 1-64 items (at most 16 of them judged), each either programmatic
   `{"instruction_id", "kwargs", "turn", "description"}` or judged
   `{"question", "pass_criteria", "turn"}`. `instruction_id` is one of
   `if_checkers.CHECKERS` (the `instruction_following` ids, arguments checked the same
@@ -51,6 +51,9 @@ from rlfleet_reward.judge.labels import parse_yes_no
 from rlfleet_reward.types import RowError, Sample, Score, scored
 
 MAX_RUBRIC_ITEMS = 64
+MAX_JUDGED_ITEMS = 16
+"""Judged items of a row: each is one judge call per response, so a group of 1,024
+responses to a row of 64 judged items would be 65,536 calls."""
 MAX_QUESTION_CHARS = 4000
 SCRIPTS = (
     "latin",
@@ -219,7 +222,14 @@ class MultiChallengeEnvironment(Environment):
                 )
             else:
                 items.append(RubricItem(instruction_id, args, key))
-        judged = any(item.question is not None for item in items)
+        asked = sum(item.question is not None for item in items)
+        if asked > MAX_JUDGED_ITEMS:
+            raise RowError(
+                "rubric",
+                f"{asked} judged items (questions); at most {MAX_JUDGED_ITEMS}, since each is "
+                "a judge call per response",
+            )
+        judged = asked > 0
         return MultiChallengeSpec(tuple(items), fraction, conversation_of(row) if judged else ())
 
     async def run(self, spec: MultiChallengeSpec, sample: Sample, ctx: RunContext) -> Score:
