@@ -140,16 +140,16 @@ class FleetUI:
                         "`authorization: Bearer <fleet token>`)"
                     )
                     if url.path == "/api/snapshot":
-                        body = json.dumps({"error": message}).encode()
-                        self._send(401, "application/json", body)
+                        refusal = json.dumps({"error": message}).encode()
+                        self._send(401, "application/json", refusal)
                     else:
                         self._send(401, "text/plain; charset=utf-8", (message + "\n").encode())
                     return
                 if url.path == "/":
                     self._send(200, "text/html; charset=utf-8", ui.page, csp=True)
                 elif url.path == "/api/snapshot":
-                    body, code = ui.snapshot()
-                    self._send(code, "application/json", json.dumps(body).encode())
+                    snapshot, code = ui.snapshot()
+                    self._send(code, "application/json", json.dumps(snapshot).encode())
                 else:
                     self._send(404, "text/plain", b"not found\n")
 
