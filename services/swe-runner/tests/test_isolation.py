@@ -7,7 +7,12 @@ that writes too much."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -165,3 +170,58 @@ async def test_a_patch_that_fills_the_disk_scores_zero(
     assert "over eval.disk_bytes=16777216" in result.error, (result.error, result.log_tail)
     assert all(t.outcome == swe_pb2.TEST_OUTCOME_MISSING for t in result.tests)
     assert (await stub.Evaluate(request_for(INSTANCE, INSTANCE.patch), timeout=180)).resolved
+
+
+async def test_an_old_leftover_of_a_runner_elsewhere_is_removed_at_start(
+    images: list[Built], runner_label: str
+) -> None:
+    """Issue 28: a crashed runner on another host (or in another container) left containers
+    that no runner ever removed. Past eval.foreign_reap_after_s (here 1 s, the container
+    made 2 s before) they are removed; a checkable live owner's container stays."""
+    boot = process_owner().split("/")[1]
+    group = {RUNNER_LABEL: runner_label, INSTANCE_LABEL: "0123abcd"}
+    elsewhere = _leftover({**group, OWNER_LABEL: f"other-host/{boot}/1/1"})
+    alive = _leftover({**group, OWNER_LABEL: process_owner()})
+    await asyncio.sleep(2.0)  # older than the 1 s cap below, whatever the load
+    overrides = [*SMALL, f"eval.runner_label={runner_label}", "eval.foreign_reap_after_s=1"]
+    try:
+        async with running_service(SERVICE, overrides):
+            left = {c[:12] for c in labelled(runner_label)}
+            assert elsewhere not in left and alive in left
+    finally:
+        subprocess.run(["docker", "rm", "-f", alive, elsewhere], capture_output=True, timeout=60)
+
+
+def test_a_crashed_runner_leaves_no_client_process(tmp_path: Path) -> None:
+    """Issue 28: the `docker run` client runs in its own session (so the watchdog can kill
+    its group) and outlived a runner killed with SIGKILL. Now it gets PR_SET_PDEATHSIG."""
+    program = (
+        "import asyncio, sys\n"
+        "from rlfleet_swe.backends import run_cmd\n"
+        "asyncio.run(run_cmd(['sh', '-c', 'echo $$ > ' + sys.argv[1] + '.tmp; mv '"
+        " + sys.argv[1] + '.tmp ' + sys.argv[1] + '; exec sleep 600'], 600))\n"
+    )
+    pid_file = tmp_path / "client.pid"
+    runner = subprocess.Popen([sys.executable, "-c", program, str(pid_file)])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=30)
+        deadline = time.monotonic() + 30  # a wait, not a timing assertion
+        while time.monotonic() < deadline and _running(child):
+            time.sleep(0.05)
+        assert not _running(child), "the client outlived its runner"
+    finally:
+        runner.kill()
+        runner.wait()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -8,9 +8,12 @@ Labels: `rlfleet.swe.runner=<eval.runner_label>` (a group name, the same for eve
 a deployment), `rlfleet.swe.instance=<random id made at start>` and `rlfleet.swe.owner=
 <host>/<boot id>/<pid>/<process start time>` (the runner process). At start a runner removes
 only containers of its group whose owner is gone: same host and boot, and that pid is not
-running or is another process (its start time differs). Containers of a live runner, or of
-one on another host or in another container (its hostname differs: it cannot be checked
-from here), are left alone; at stop a runner removes every container of its own instance.
+running or is another process (its start time differs). A container whose owner cannot be
+checked from here (another host or container: its hostname differs) is removed once it is
+older than `eval.foreign_reap_after_s` (past any deadline a live runner could still hold it
+for); other containers of a live runner are left alone. At stop a runner removes every
+container of its own instance. The `docker run`/`exec` clients get SIGKILL when the runner
+dies (PR_SET_PDEATHSIG), so a crashed runner leaves no client processes behind.
 apptainer: `apptainer exec --containall --writable-tmpfs` over a `.sif` path with
 Apptainer's cgroup flags; the container is the process tree of that command, so the
 watchdog ends it by killing the process group.
@@ -23,11 +26,13 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -62,6 +67,31 @@ def process_owner(pid: int | None = None) -> str:
     return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_time(pid)}"
 
 
+def owner_checkable(owner: str) -> bool:
+    """Whether `owner` is a process of this host and boot (so `owner_gone` can tell)."""
+    parts = owner.split("/")
+    return (
+        len(parts) == 4
+        and parts[2].isdigit()
+        and parts[0] == socket.gethostname()
+        and parts[1] == _boot_id()
+    )
+
+
+_SETPRIV = shutil.which("setpriv")
+
+
+def die_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGKILL when the runner dies (util-linux `setpriv
+    --pdeathsig`, which sets PR_SET_PDEATHSIG and execs it), so a crashed runner leaves
+    no `docker run` client running. (A preexec_fn would force a plain fork of the
+    service, which gRPC's threads do not survive.) Unchanged where setpriv is missing."""
+    # A missing program stays an OSError at spawn (the callers report it as such).
+    if not _SETPRIV or not argv or shutil.which(argv[0]) is None:
+        return argv
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+
+
 def owner_gone(owner: str) -> bool:
     """Whether the runner process `owner` names has surely ended. False when it cannot
     be told from here (another host, another boot, or a malformed value)."""
@@ -91,20 +121,47 @@ class RunnerIdentity:
 
 
 async def remove_labelled(docker: str, timeout: float, *filters: str,
-                          keep: Callable[[str], bool] = lambda _: False) -> int:  # fmt: skip
+                          keep: Callable[[str], bool] = lambda _: False,
+                          age_out: Callable[[str], bool] = lambda _: False,
+                          max_age_s: float = 0.0) -> int:  # fmt: skip
     """`docker rm -f` the containers matching every `label=` filter whose owner label
-    `keep` does not accept; returns how many."""
+    `keep` does not accept, and those whose owner `age_out` accepts that were created
+    more than `max_age_s` ago; returns how many."""
     args = [f"--filter=label={f}" for f in filters]
     fmt = '{{.ID}} {{.Label "' + OWNER_LABEL + '"}}'
     _, out = await run_cmd([docker, "ps", "-a", *args, "--format", fmt], timeout)
-    ids = []
+    ids, kept = [], []
     for line in out.decode().splitlines():
         cid, _, owner = line.partition(" ")
         if cid and not keep(owner):
             ids.append(cid)
+        elif cid and age_out(owner):
+            kept.append(cid)
+    if kept:
+        ids += await _created_before(docker, timeout, kept, time.time() - max_age_s)
     if ids:
         await run_cmd([docker, "rm", "-f", "-v", *ids], timeout)
     return len(ids)
+
+
+async def _created_before(docker: str, timeout: float, ids: list[str], cutoff: float) -> list[str]:
+    _, out = await run_cmd([docker, "inspect", "--format", "{{.Id}} {{.Created}}", *ids], timeout)
+    old = []
+    for line in out.decode().splitlines():
+        cid, _, created = line.partition(" ")
+        try:
+            # RFC 3339 with nanoseconds: keep microseconds for fromisoformat.
+            stamp = created.strip().replace("Z", "+00:00")
+            head, _, rest = stamp.partition(".")
+            if rest:
+                digits = "".join(c for c in rest if c.isdigit())
+                stamp = f"{head}.{digits[:6]}{rest[len(digits) :]}"
+            when = datetime.fromisoformat(stamp).astimezone(UTC).timestamp()
+        except ValueError:
+            continue
+        if when < cutoff:
+            old.append(cid[:12])
+    return old
 
 
 @dataclass(frozen=True)
@@ -145,7 +202,7 @@ OnDeadline = Callable[[asyncio.subprocess.Process], Awaitable[None]]
 async def run_cmd(argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[int, bytes]:
     """Run a short host command (docker ps/kill/rm) with a deadline; (rc, stdout+stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        *argv,
+        *die_with_parent(argv),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -166,7 +223,7 @@ async def _run_with_watchdog(
 ) -> RunResult:
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *die_with_parent(argv),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -285,10 +342,14 @@ class DockerBackend:
             await asyncio.shield(self._remove(name))
 
     async def remove_stale(self) -> int:
-        """Leftovers of this runner group whose runner process is gone (a crash)."""
+        """Leftovers of this runner group whose runner process is gone (a crash), and those
+        of a runner this host cannot check that are older than eval.foreign_reap_after_s."""
         return await remove_labelled(
             self.config.docker, self.config.docker_call_timeout_s,
-            f"{RUNNER_LABEL}={self.identity.group}", keep=lambda owner: not owner_gone(owner),
+            f"{RUNNER_LABEL}={self.identity.group}",
+            keep=lambda owner: not (owner_checkable(owner) and owner_gone(owner)),
+            age_out=lambda owner: not owner_checkable(owner),
+            max_age_s=self.config.foreign_reap_after_s,
         )  # fmt: skip
 
     async def remove_own(self) -> int:

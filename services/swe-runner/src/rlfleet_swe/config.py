@@ -69,6 +69,12 @@ class EvalConfig(ConfigModel):
     no memory."""
     log_tail_bytes: int = Field(16384, ge=256)
     """How much of the end of the output `EvaluateResult.log_tail` keeps."""
+    foreign_reap_after_s: float = Field(4 * 3600.0, gt=0)
+    """A leftover container of this runner group whose owner cannot be checked from here
+    (a runner on another host or in another container, perhaps crashed) is removed at
+    start once it is this old: past the longest an Evaluate can run (max_test_timeout_s)
+    plus a session's longest idle time (sessions.max_idle_timeout_s), with a margin. A
+    session a live runner elsewhere keeps busy longer than this is cut off."""
     runner_label: str = Field("swe-runner", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     """Value of the `rlfleet.swe.runner` label on this service's containers; at start the
     service removes leftover containers carrying it (from a crash)."""
