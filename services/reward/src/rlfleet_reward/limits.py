@@ -103,9 +103,68 @@ class JsonCheck:
 
     def check(self, value: Any, field: str) -> int:
         """Check `value`; return the characters of text it holds."""
-        before = self.chars
-        self.walk(value, field, 0)
-        return self.chars - before
+        nodes, chars = self.nodes, self.chars
+        if not self._quick(value):
+            # Something may be over a limit: the exact walk names the field (or finds
+            # that only the quick walk's shortcuts were too cautious).
+            self.nodes, self.chars = nodes, chars
+            self.walk(value, field, 0)
+        return self.chars - chars
+
+    def _quick(self, value: Any) -> bool:
+        """The counts of `walk` without building a field path per value (which cost more
+        than the rest of a structured-output request: issue 28); False, counts
+        undefined, on anything `walk` could refuse, including every container longer
+        than the tightest item limit and every type json.loads does not make exactly."""
+        limits = self.limits
+        max_depth = limits.max_json_depth
+        max_items = min(limits.max_json_items, *limits.max_field_items.values())
+        max_bits = 3.3 * limits.max_int_digits - 4
+        surrogate = _SURROGATE.search
+        if type(value) is not dict and type(value) is not list:
+            return False  # a lone scalar: the exact walk is as quick
+        nodes = 0
+        chars = 0
+        nodes_left = limits.max_json_nodes - self.nodes
+        stack: list[tuple[Any, int]] = [(value, 0)]
+        while stack:
+            container, depth = stack.pop()
+            nodes += 1
+            # Checked per container (each at most max_items long): a body of millions of
+            # small arrays is not walked whole before the exact walk stops it.
+            if nodes > nodes_left or depth >= max_depth or len(container) > max_items:
+                return False
+            children = container
+            if type(container) is dict:
+                for key in container:
+                    if not key.isascii() and surrogate(key):
+                        return False
+                    chars += len(key)
+                children = container.values()
+            for item in children:
+                kind = type(item)
+                if kind is str:
+                    nodes += 1
+                    if not item.isascii() and surrogate(item):
+                        return False
+                    chars += len(item)
+                elif kind is dict or kind is list:
+                    stack.append((item, depth + 1))
+                elif kind is int:
+                    nodes += 1
+                    if item.bit_length() > max_bits:
+                        return False
+                elif kind is float:
+                    nodes += 1
+                    if not math.isfinite(item):
+                        return False
+                elif kind is bool or item is None:
+                    nodes += 1
+                else:
+                    return False
+        self.nodes += nodes
+        self.chars += chars
+        return nodes <= nodes_left
 
     def walk(self, value: Any, field: str, depth: int) -> None:
         limits = self.limits

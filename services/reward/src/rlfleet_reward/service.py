@@ -8,6 +8,8 @@ after calls in flight have finished.
 
 from __future__ import annotations
 
+import gc
+
 from fastapi import FastAPI
 from grpc import aio
 from rlfleet_core.server import BaseService, ServiceDefinition
@@ -39,6 +41,11 @@ class RewardService(BaseService):
     async def start(self) -> None:
         await self.gateway.start()
         await self.episodes.start()
+        # What start-up imported and built lives as long as the process: out of the
+        # collector's sight, so a full collection under load walks only what requests
+        # made (it walked every object of the libraries: a stall of tens of ms for all
+        # requests in flight, issue 28).
+        gc.freeze()
 
     async def stop(self) -> None:
         await self.episodes.stop()
