@@ -15,8 +15,11 @@ Ray itself is imported lazily: a service in its default (`process`) mode never l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any, Literal
@@ -34,8 +37,9 @@ class RayConfig(ConfigModel):
     """Where a service's Ray workers run (`ray.*`), used when its backend is `ray`."""
 
     address: str = "local"
-    """`local`: the service starts a private one-node Ray in its own process tree (and stops
-    it on exit). `auto`: the cluster that `ray start` runs on this node (a SLURM job starts
+    """`local`: the service starts a private one-node Ray in a child process of its own
+    (`rlfleet_core.rayhead`; killed and started again when it hangs), joins it, and stops
+    it on exit. `auto`: the cluster that `ray start` runs on this node (a SLURM job starts
     `ray start --head` on one node and `ray start --address <head>:<port>` on the others).
     `host:port`: that cluster's GCS address."""
     num_cpus: int | None = Field(None, ge=1)
@@ -86,30 +90,40 @@ async def connect(config: RayConfig) -> bool:
 
     if ray.is_initialized():
         return False
-    if config.address == "local":
-        allow_slow_gcs_start(config.start_timeout_s)
-        kwargs: dict[str, Any] = {
-            # Said outright: with no address, ray.init joins whatever cluster RAY_ADDRESS or
-            # this machine's last `ray start` names (another test's, another job's), and then
-            # refuses num_cpus. `local` always starts this service's own instance.
-            "address": "local",
-            "num_cpus": config.num_cpus,
-            "object_store_memory": config.object_store_memory_bytes,
-            "include_dashboard": False,
-        }
-    else:
-        kwargs = {"address": config.address}
     deadline = time.monotonic() + config.start_timeout_s
+    address = config.address
+    if address == "local":
+        # Ray turns token auth on by default for a cluster it starts, but a process that
+        # joins one by address assumes it off: say it once, for the head and for us (an
+        # operator's own RAY_AUTH_MODE is kept). Ray reads it into its config at import,
+        # so the config is read again.
+        if "RAY_AUTH_MODE" not in os.environ:
+            os.environ["RAY_AUTH_MODE"] = "token"
+            from ray._raylet import Config  # type: ignore[attr-defined]
+
+            Config.initialize("")
+        address = await _start_private_head(config, deadline)
+    try:
+        await _join(ray, address, config, deadline)
+    except BaseException:
+        await _stop_private_head()
+        raise
+    return True
+
+
+async def _join(ray: Any, address: str, config: RayConfig, deadline: float) -> None:
     attempt = 0
     while True:
         attempt += 1
         left = deadline - time.monotonic()
         try:
             await asyncio.wait_for(
-                asyncio.to_thread(ray.init, log_to_driver=False, configure_logging=False, **kwargs),
+                asyncio.to_thread(
+                    ray.init, address=address, log_to_driver=False, configure_logging=False
+                ),
                 max(left, 1.0),
             )
-            return True
+            return
         except TimeoutError:
             raise RuntimeError(
                 f"Ray at ray.address={config.address!r} did not come up within "
@@ -118,13 +132,103 @@ async def connect(config: RayConfig) -> bool:
         except Exception as exc:
             await asyncio.to_thread(ray.shutdown)
             left = deadline - time.monotonic()
-            if not is_startup_timeout(exc) or left < 10:
+            if not is_startup_timeout(exc) or left < RETRY_MIN_LEFT_S:
                 raise RuntimeError(
                     f"cannot join Ray at ray.address={config.address!r}: {exc}"
                 ) from exc
             logger.warning(
                 "ray.init attempt %d failed (%s); trying again (%.0f s left)", attempt, exc, left
             )
+
+
+HEAD_COMMAND = [sys.executable, "-m", "rlfleet_core.rayhead"]
+"""How the private Ray head is started (tests put a stand-in here)."""
+HEAD_ATTEMPT_MIN_S = 60.0
+"""The shortest time one start of the private head gets before it is killed and tried
+again (a normal start takes 5-20 s on a loaded 2-core host)."""
+RETRY_MIN_LEFT_S = 10.0
+"""No new try of a start with less of the budget left than this."""
+_head: asyncio.subprocess.Process | None = None
+_head_drain: asyncio.Future[str] | None = None
+
+
+async def _start_private_head(config: RayConfig, deadline: float) -> str:
+    """Start this process's private Ray in a process of its own (rlfleet_core.rayhead says
+    why) and return its GCS address. A start that fails on one of Ray's own fixed waits, or
+    that has not answered within half the budget (at least HEAD_ATTEMPT_MIN_S), is stopped
+    and tried again while `start_timeout_s` lasts."""
+    from rlfleet_core import rayhead
+
+    options = json.dumps(
+        {"num_cpus": config.num_cpus, "object_store_memory": config.object_store_memory_bytes}
+    )
+    attempt_s = max(HEAD_ATTEMPT_MIN_S, config.start_timeout_s / 2)
+    attempt = 0
+    while True:
+        attempt += 1
+        left = deadline - time.monotonic()
+        limit = min(left, attempt_s)
+        allow_slow_gcs_start(limit)
+        global _head
+        # Its own session: stopping it can take its daemons along (`_stop_private_head`).
+        _head = await asyncio.create_subprocess_exec(
+            *HEAD_COMMAND, options,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        grace_s = 30.0
+        try:
+            line = await asyncio.wait_for(_head_answer(_head), max(limit, 1.0))
+        except TimeoutError:  # hung: no use asking it to stop
+            line, grace_s = f"{rayhead.FAILED}no answer within {limit:.0f} s (timed out)", 0.0
+        if line.startswith(rayhead.READY):
+            global _head_drain  # a full stdout pipe would stall the head: keep reading it
+            _head_drain = asyncio.ensure_future(_head_answer(_head))
+            return str(json.loads(line[len(rayhead.READY) :])["address"])
+        await _stop_private_head(grace_s)
+        error = line[len(rayhead.FAILED) :] if line.startswith(rayhead.FAILED) else line
+        left = deadline - time.monotonic()
+        if not is_startup_timeout(Exception(error)) or left < RETRY_MIN_LEFT_S:
+            raise RuntimeError(
+                f"cannot start a private Ray (ray.address='local') within "
+                f"ray.start_timeout_s={config.start_timeout_s:g}s: {error}"
+            )
+        logger.warning(
+            "private Ray start %d failed (%s); trying again (%.0f s left)", attempt, error, left
+        )
+
+
+async def _head_answer(head: asyncio.subprocess.Process) -> str:
+    """The head's first protocol line; Ray's own chatter on stdout goes to the log."""
+    from rlfleet_core import rayhead
+
+    assert head.stdout is not None
+    while raw := await head.stdout.readline():
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith((rayhead.READY, rayhead.FAILED)):
+            return line
+        logger.info("ray head: %s", line)
+    return f"{rayhead.FAILED}it exited (status {await head.wait()}) before Ray was up"
+
+
+async def _stop_private_head(grace_s: float = 30.0) -> None:
+    """Close the head's stdin (it shuts Ray down and exits); past `grace_s`, kill its
+    process group (the head and the daemons it started)."""
+    global _head, _head_drain
+    head, _head = _head, None
+    if _head_drain is not None:
+        _head_drain.cancel()
+        _head_drain = None
+    if head is None:
+        return
+    if head.stdin is not None:
+        head.stdin.close()
+    try:
+        await asyncio.wait_for(head.wait(), max(grace_s, 0.001))
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)
+        await head.wait()
 
 
 async def place(config: RayConfig, timeout_s: float) -> Any:
@@ -254,10 +358,12 @@ def is_actor_lost(exc: BaseException) -> bool:
 
 
 async def shutdown(owned: bool) -> None:
+    """Leave Ray, and stop the private Ray `connect` started (when `owned`)."""
     if owned:
         import ray
 
         await asyncio.to_thread(ray.shutdown)
+        await _stop_private_head()
 
 
 def no_uv_runtime_env() -> None:

@@ -225,7 +225,9 @@ class ReplicaPool:
             self._actors = []
         if self._owns_ray:
             self._owns_ray = False
-            await asyncio.to_thread(ray.shutdown)
+            from rlfleet_core.raycluster import shutdown
+
+            await shutdown(True)  # also stops the private Ray head connect started
 
     def _pick(self) -> int:
         serving = [i for i in range(len(self._actors)) if i not in self._fenced]
