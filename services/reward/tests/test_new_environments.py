@@ -136,7 +136,6 @@ def test_lean_rows_are_checked_before_the_refusal(
 @pytest.mark.parametrize(
     ("headers", "body", "status", "field"),
     [
-        ({}, {"code": "print(1)"}, 422, "x-session-id"),
         ({"x-session-id": "a b"}, {"code": "print(1)"}, 422, "x-session-id"),
         ({"x-session-id": "ep-1"}, {}, 422, "code"),
         ({"x-session-id": "ep-1"}, {"code": 5}, 422, "code"),
