@@ -118,13 +118,19 @@ async def test_command_time_limit_and_no_network(stub: swe_pb2_grpc.SweRunnerSer
 async def test_idle_sessions_close_and_the_limit_holds(
     stub: swe_pb2_grpc.SweRunnerServiceStub, runner_label: str
 ) -> None:
-    first = await open_session(stub, idle_timeout_s=1.0)
-    await open_session(stub, idle_timeout_s=1.0)
-    await open_session(stub, OTHER, idle_timeout_s=1.0)
+    # The limit with sessions that stay open (under load, opening three took longer than a
+    # 1 s idle timeout: the first had closed before the fourth was refused), then the idle
+    # timeout on a session of its own.
+    owners = (KEY, KEY, OTHER)
+    held = [await open_session(stub, owner) for owner in owners]
     with pytest.raises(aio.AioRpcError) as info:
         await open_session(stub, OTHER)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "(sessions.max_sessions)" in (info.value.details() or "")
+    for session, owner in zip(held, owners, strict=True):
+        close = swe_pb2.SweCloseSessionRequest(session_id=session)
+        await stub.CloseSweSession(close, metadata=owner, timeout=60)
+    first = await open_session(stub, idle_timeout_s=1.0)
     for _ in range(100):
         if not labelled(runner_label):
             break

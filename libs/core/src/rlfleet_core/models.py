@@ -49,7 +49,7 @@ BUNDLED_MODELS = (SMOLLM2_NAME, TINY_NAME)
 
 # Bump when a recipe changes so that stale cached folders are not reused.
 _SMOLLM2_RECIPE = "v1"
-_TINY_RECIPE = "v1"
+_TINY_RECIPE = "v2"  # v2: 4,096 positions (a fenced judge prompt is ~1,100 of its tokens)
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CHATML_TEMPLATE = (
@@ -206,7 +206,9 @@ def tiny_config(vocab_size: int = 512) -> Any:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        # Room for a judge's prompt (instructions, conversation, two fenced responses:
+        # ~1,100 tokens of this 512-token vocabulary) when the tiny model serves as one.
+        max_position_embeddings=4096,
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=TINY_SPECIAL_TOKENS.index("<|im_end|>"),

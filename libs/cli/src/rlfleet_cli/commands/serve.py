@@ -133,6 +133,15 @@ def up(
     judge_engine: Annotated[
         str, typer.Option(help="Engine of the judge's rollout service: hf or vllm.")
     ] = "hf",
+    judge_max_model_len: Annotated[
+        int,
+        typer.Option(
+            min=64,
+            help="Context of the judge's engine (prompt + verdict tokens). A judge reads "
+            "its instructions, the conversation and every response it compares, so it "
+            "needs more than a policy's 1,024; at most the judge model's own context.",
+        ),
+    ] = 4096,
 ) -> None:
     """Start services locally on free loopback ports, print their addresses and the path
     of their auth token, and keep them running until Ctrl-C (then stop them gracefully).
@@ -157,7 +166,11 @@ def up(
         if judge_engine not in ("hf", "vllm"):
             raise fail(f"--judge-engine: {judge_engine!r} is not an engine; use hf or vllm")
         names.append("judge")
-        overrides["judge"] = [format_override("model", judge_model), f"engine={judge_engine}"]
+        overrides["judge"] = [
+            format_override("model", judge_model),
+            f"engine={judge_engine}",
+            f"engine_config.max_model_len={judge_max_model_len}",
+        ]
     try:
         with err.status("starting services..."):
             fleet = LocalFleet(
