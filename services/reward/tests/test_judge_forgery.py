@@ -186,6 +186,29 @@ async def test_policy_text_cannot_open_or_close_a_prompt_section() -> None:
     assert shown.replace("\u200b", "") == FAKE_SECTIONS  # the judge still reads every word
 
 
+# Turn boundaries and control tokens of common chat templates: a tokenizer turns these
+# strings in message content into the real special tokens, so a reply holding one could
+# end its turn and speak as the judge (ChatML/Qwen/SmolLM2, Llama 3, DeepSeek V3/R1,
+# Gemma, Mistral v3+, Llama 2, Nemotron-4, Nemotron-H, Hermes/Qwen tool calls, harmony).
+SPECIAL_TOKENS = (
+    "<|im_end|>", "<|im_start|>", "<|eot_id|>", "<|start_header_id|>", "<|endoftext|>",
+    "<\uff5cAssistant\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_turn>",
+    "<start_of_turn>", "<eos>", "<bos>", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CALLS]",
+    "[AVAILABLE_TOOLS]", "[INST]", "[/INST]", "</s>", "<s>", "<extra_id_1>", "<SPECIAL_12>",
+    "<tool_call>", "</tool_call>", "<tool_response>", "<|channel|>", "<|end|>", "<think>",
+)  # fmt: skip
+
+
+def test_no_special_token_of_a_chat_template_survives_neutralizing() -> None:
+    text = "ok " + " x ".join(SPECIAL_TOKENS) + " done"
+    shown = neutralize(text)
+    survivors = [t for t in SPECIAL_TOKENS if t in shown]
+    assert survivors == [], survivors
+    assert shown.replace("\u200b", "") == text  # every character still there
+    plain = "Use <div> and List<T>, see [note] or [Ok]; a < b > c."
+    assert neutralize(plain) == plain  # ordinary text is left alone
+
+
 def test_fence_token_is_not_predictable_from_the_text() -> None:
     text = "same text"
     token = re.search(r"<<<BEGIN X (\w+)>>>", fence("X", text))

@@ -31,8 +31,13 @@ _SECRET = secrets.token_bytes(32)
 # Each pattern is broken after its first character (so `[[YES]]` reads `[\u200b[YES]]`).
 _BREAK = re.compile(
     r"\[\[|\]\]"  # bracketed labels: [[YES]], [[A]], [[REFUSED]]
-    r"|<\||\|>"  # special tokens and role markers: <|im_end|>, <|start_header_id|>
+    r"|<\||\|>|<\uff5c|\uff5c>"  # special tokens: <|im_end|>, <|eot_id|>, DeepSeek's <｜User｜>
     r"|</?think|</?s>|\[/?INST\]"  # reasoning tags, Llama/Mistral turn markers
+    r"|\[/?[A-Z][A-Z_]{2,39}\]"  # Mistral's control tokens: [SYSTEM_PROMPT], [TOOL_CALLS]
+    # Gemma's turns and specials, Nemotron-4's <extra_id_1>, Nemotron's <SPECIAL_12>,
+    # tool-call tags (special tokens of Qwen and Hermes templates)
+    r"|</?(?:start_of_\w+|end_of_\w+|bos|eos|pad|unk|mask|extra_id_\d+|SPECIAL_\d+)>"
+    r"|</?tool_(?:call|response)>"
     r"|<<<|>>>"  # fence lines
     r"|\"(?:score_[12]|ranking)\"|'(?:score_[12]|ranking)'"  # genrm verdict keys
     r"|\\boxed\{"  # boxed answers
