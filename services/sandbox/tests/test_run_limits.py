@@ -113,6 +113,26 @@ print("ALL DONE", flush=True)
     await sandbox.assert_healthy()
 
 
+async def test_anonymous_memory_files_are_refused(sandbox: Harness) -> None:
+    # A memfd's pages are in no process's PSS and in no metered mount: without cgroup v2,
+    # 64 processes x 256 fds x 16 MiB (RLIMIT_FSIZE) of them would have gone unseen, the
+    # run OK. memfd_create is denied (seccomp); /tmp and /dev/shm are tmpfs_bytes each.
+    code = """
+import os
+try:
+    os.memfd_create("hoard")
+    print("MEMFD OK", flush=True)
+except PermissionError:
+    print("MEMFD DENIED", flush=True)
+"""
+    result = await sandbox.run(code)
+    assert result.status == sandbox_pb2.EXEC_STATUS_OK, result
+    assert "MEMFD DENIED" in result.stdout, result
+    bash = await sandbox.run("echo $((6 * 7)) $0", language="bash")  # its script: no memfd
+    assert bash.status == sandbox_pb2.EXEC_STATUS_OK and bash.stdout.startswith("42 "), bash
+    await sandbox.assert_healthy()
+
+
 async def test_children_sharing_their_parents_memory_are_counted_once(sandbox: Harness) -> None:
     # The parent touches 100 MiB, then forks 6 children that only read it (shared copy-on-
     # write) and spin 0.1 s each: ~100 MiB and ~0.6 s of CPU in all, under 256 MiB and 2 s.

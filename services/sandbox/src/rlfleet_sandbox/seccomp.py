@@ -21,6 +21,12 @@ DENIED_SYSCALLS = (
     "io_uring_setup",
     "io_uring_enter",
     "io_uring_register",
+    # Anonymous memory files: their pages are in no process's PSS and in no mount the
+    # runner meters (the sandbox's tmpfs, SysV shm), so without cgroup v2 a run could hold
+    # max_processes x max_open_files x max_file_size_bytes of them unseen (issue 28).
+    # Files in /tmp or /dev/shm do the same job and are counted.
+    "memfd_create",
+    "memfd_secret",
     # Kernel programs, page-fault handling from user space, performance counters.
     "bpf",
     "userfaultfd",
