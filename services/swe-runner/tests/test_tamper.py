@@ -153,6 +153,36 @@ def _root_file(name: str, text: str = "x = 1\n") -> Callable[[Path], None]:
     return make
 
 
+# A pytest plugin that reports every test as passed: loaded at start-up through a
+# `pytest11` entry point of package metadata found on sys.path (the repository's root is
+# on it under `python3 -m pytest`), before the report plugin takes its baseline.
+PASS_EVERYTHING = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+)
+
+
+def _entry_point(folder: str, metadata: str) -> Callable[[Path], None]:
+    def make(repo: Path) -> None:
+        (repo / "tinystats/_plug.py").write_text(PASS_EVERYTHING)
+        (repo / folder).mkdir(parents=True)
+        (repo / folder / metadata).write_text("Metadata-Version: 2.1\nName: plug\nVersion: 1\n")
+        (repo / folder / "entry_points.txt").write_text("[pytest11]\nplug = tinystats._plug\n")
+
+    return make
+
+
+def _fixed_copy_in_tests(repo: Path) -> None:
+    # tests/ comes first on sys.path (pytest's prepend mode), so `from tinystats.core import
+    # median` would import this fixed copy while the real package keeps the bug.
+    subprocess.run(["cp", "-r", "tinystats", "tests/tinystats"], cwd=repo, check=True, timeout=30)
+    fix = INSTANCE.patch.replace(" a/tinystats/", " a/tests/tinystats/").replace(
+        " b/tinystats/", " b/tests/tinystats/"
+    )
+    subprocess.run(["git", "apply", "-"], input=fix.encode(), cwd=repo, check=True, timeout=30)
+
+
 def _symlink(repo: Path) -> None:
     os.symlink("../tests", repo / "tinystats/helpers")
 
@@ -181,7 +211,14 @@ TREE_ATTACKS: dict[str, Callable[[Path], None]] = {
     "pyproject_addopts": _root_file("pyproject.toml", "[tool.pytest.ini_options]\naddopts='-x'\n"),
     "setup_cfg": _root_file("setup.cfg", "[tool:pytest]\naddopts = -p no:rlfleet\n"),
     "tox_ini": _root_file("tox.ini", "[pytest]\naddopts = -x\n"),
+    "dot_pytest_ini": _root_file(".pytest.ini", "[pytest]\naddopts = -p no:rlfleet\n"),
+    "pytest_toml_in_tests": _root_file("tests/pytest.toml", "[pytest]\naddopts = ['-x']\n"),
+    "dist_info_entry_point": _entry_point("plug-1.dist-info", "METADATA"),
+    "egg_info_entry_point": _entry_point("src/plug.egg-info", "PKG-INFO"),
+    "egg_dir_entry_point": _entry_point("plug.egg/EGG-INFO", "PKG-INFO"),
+    "pyc_beside_the_tests": _root_file("tests/__pycache__/test_core.cpython-311.pyc"),
     "init_in_test_dir": _root_file("tests/__init__.py"),
+    "fixed_copy_of_the_package_in_tests": _fixed_copy_in_tests,
     "conftest_with_space_in_path": _root_file('tests/a b\\c"d/conftest.py'),
     "symlink": _symlink,
     "rename_into_conftest": _rename_into_conftest,

@@ -56,7 +56,11 @@ class EvalConfig(ConfigModel):
     """Largest `patch` / `test_patch` accepted."""
     protected_files: list[str] = Field(
         default_factory=lambda: [
-            "conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+            # Every file pytest reads its configuration from (pytest 7: .pytest.ini;
+            # pytest 9: pytest.toml, .pytest.toml), in any folder: the arguments' folder
+            # (`tests/`) is searched first.
+            "conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
+            "tox.ini", "setup.cfg", "pyproject.toml",
             "sitecustomize.py", "usercustomize.py", "*.pth",
         ]
     )  # fmt: skip

@@ -13,7 +13,10 @@ Evidence rests on two things the code under test cannot reach:
 - The applied tree, checked by the driver with git before any patch code runs (see
   `_TREE_CHECK`): no file of the test patch, no protected name (conftest.py, pytest
   config, sitecustomize, *.pth, ...), no change to an existing test file or to an
-  `__init__.py` of a test folder, no symlink, and no new module or package whose top-level
+  `__init__.py` of a test folder, no change to a file of a test folder (`tests/`,
+  `test/`, `testing/`, `e2e/`, `test_*/`, `*_tests/`) and no new file there but a test
+  module, no package metadata (`*.dist-info`, `*.egg-info`: their
+  entry points load pytest plugins) or byte code, no symlink, and no new module or package whose top-level
   name is importable from outside the repository (stdlib, installed packages: `pytest.py`,
   `_pytest/`, `pluggy.py`, `json.py`, ...) at a place a test run puts on sys.path.
 
@@ -101,6 +104,7 @@ def outside_names():
 TEST_FILE = lambda base: (base.startswith("test_") or base.endswith("_test.py")) and base.endswith(".py")
 MODULE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
 protected = req["protected"]
+machinery = tuple(req["machinery"])  # results.IMPORT_MACHINERY
 
 
 def is_protected(base):
@@ -134,6 +138,15 @@ def existed(root, name):
 
 existed_before = {(r, n): existed(r, n) for p in patch_paths for r, n in splits(p)}
 test_files_before = {p for p in tracked if TEST_FILE(p.rsplit("/", 1)[-1])}
+paths_before = {p for p in patch_paths if p in tracked or os.path.lexists(p)}
+TEST_FOLDERS = ("test", "tests", "testing", "e2e")
+
+
+def in_test_folder(path):
+    # SWE-bench's split of a fix from its tests, by folder name: what the tests import
+    # or read from there (helpers, fixtures, expected data) is theirs, not the patch's.
+    return any(p in TEST_FOLDERS or p.startswith("test_") or p.endswith("_tests")
+               for p in path.split("/")[:-1])
 
 def apply(key):
     text = req[key]
@@ -172,12 +185,21 @@ def check_applied_tree():
             problems.append(path + " (a file of the test patch)")
         elif is_protected(base):
             problems.append(path + " (can change how tests run or report: eval.protected_files)")
+        elif any(part.endswith(machinery) for part in path.split("/")):
+            problems.append(path + " (package metadata or byte code: entry points load pytest "
+                            "plugins, a .pyc runs in place of its source)")
         elif os.path.islink(path):
             problems.append(path + " (a symlink)")
         elif path in test_files_before:
             problems.append(path + " (an existing test file)")
         elif base == "__init__.py" and folder in test_dirs:
             problems.append(path + " (the __init__.py of a test folder)")
+        elif in_test_folder(path) and path in paths_before:
+            problems.append(path + " (a file of a test folder: helpers and data the tests read)")
+        elif in_test_folder(path) and not TEST_FILE(base):
+            # e.g. tests/<package>/ with a fixed copy: the test folder comes first on
+            # sys.path, so the tests would import it instead of the real package.
+            problems.append(path + " (a new file in a test folder that is not a test module)")
         else:
             for root, name in splits(path):
                 if root in roots and name in outside and not existed_before.get((root, name), False):

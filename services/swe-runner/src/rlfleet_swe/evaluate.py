@@ -17,7 +17,13 @@ from rlfleet_proto.v1 import swe_pb2
 from rlfleet_swe.backends import Backend, Limits
 from rlfleet_swe.config import EvalConfig
 from rlfleet_swe.driver import DRIVER, MARKER, REPORT_PLUGIN
-from rlfleet_swe.results import decode_refusal, parse_report, score, touches_test_machinery
+from rlfleet_swe.results import (
+    IMPORT_MACHINERY,
+    decode_refusal,
+    parse_report,
+    score,
+    touches_test_machinery,
+)
 
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9_.:/+-]{1,256}$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,511}$")
@@ -109,7 +115,7 @@ class Evaluator:
             "workdir": request.workdir, "patch": request.patch,
             "test_patch": request.test_patch, "test_command": request.test_command,
             "nonce": nonce, "plugin": REPORT_PLUGIN,
-            "protected": list(self.config.protected_files),
+            "protected": list(self.config.protected_files), "machinery": IMPORT_MACHINERY,
         }).encode()  # fmt: skip
         limits = Limits(memory, self.config.cpus, self.config.pids_limit)
         run = await self.backend.run(

@@ -125,10 +125,24 @@ def patch_paths(patch: str) -> set[str]:
     return {p for p in paths if p and p != "/dev/null" and p != "dev/null"}
 
 
+IMPORT_MACHINERY = (".dist-info", ".egg-info", ".egg-link", ".egg", "__pycache__", ".pyc", ".pyo")
+"""Endings of path parts no patch may have: package metadata (an entry_points.txt in it
+makes pytest load a `pytest11` plugin at start-up from any sys.path folder, the
+repository's root among them: a plugin that rewrites every report to "passed") and
+byte code (an unchecked-hash .pyc runs in place of its source). The in-container driver
+refuses the same in the applied tree (driver.py)."""
+
+
+def import_machinery_part(path: str) -> str | None:
+    """The part of `path` that is package metadata or byte code (IMPORT_MACHINERY), or None."""
+    return next((part for part in path.split("/") if part.endswith(IMPORT_MACHINERY)), None)
+
+
 def touches_test_machinery(patch: str, test_patch: str, protected: Iterable[str]) -> list[str]:
     """Paths of `patch` that could change how tests run or report: files the test patch
-    writes, and files whose name is in `protected` (conftest.py, pytest config,
-    sitecustomize, ...; `*.pth` style patterns match suffixes)."""
+    writes, files whose name is in `protected` (conftest.py, pytest config,
+    sitecustomize, ...; `*.pth` style patterns match suffixes), and package metadata or
+    byte code (IMPORT_MACHINERY)."""
     names = list(protected)
     tests = patch_paths(test_patch)
     hits = []
@@ -138,6 +152,7 @@ def touches_test_machinery(patch: str, test_patch: str, protected: Iterable[str]
             path in tests
             or base in names
             or any(n.startswith("*") and base.endswith(n[1:]) for n in names)
+            or import_machinery_part(path) is not None
         ):
             hits.append(path)
     return hits
