@@ -8,14 +8,12 @@ Target: isolated throughput at concurrency 4 >= 1.0x the bare baseline."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from grpc import aio
-from rlfleet_core.bench import BenchResult, percentile
+from rlfleet_core.bench import BenchResult, attach_before, before_rows, percentile
 from rlfleet_core.server import ServerConfig, start_service
 from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
 from rlfleet_sandbox.config import SandboxServiceConfig
@@ -57,15 +55,6 @@ BEFORE_ENV = "RLFLEET_SANDBOX_BENCH_BEFORE"
 """A JSONL file of this benchmark's rows from an earlier tree (`rlfleet bench sandbox
 --json --no-save` there): each result then names that figure (`before_value`,
 `before_ratio`, `before_ref`), e.g. to show what a change to the sandbox costs."""
-
-
-def before_rows() -> dict[str, dict[str, object]]:
-    path = os.environ.get(BEFORE_ENV)
-    if not path:
-        return {}
-    with open(path) as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    return {str(row["metric"]): row for row in rows}
 
 
 def humaneval_program() -> tuple[str, str]:
@@ -132,7 +121,6 @@ async def _measure(quick: bool) -> list[BenchResult]:
     running = await start_service(SERVICE, config)
     humaneval, label = humaneval_program()
     results: list[BenchResult] = []
-    before = before_rows()
     try:
         for program, code in (("trivial", TRIVIAL), ("humaneval", humaneval)):
             for concurrency in CONCURRENCY:
@@ -176,15 +164,7 @@ async def _measure(quick: bool) -> list[BenchResult]:
     finally:
         running.stop_event.set()
         await running.done
-    for result in results:
-        row = before.get(result.metric)
-        if row is not None:  # a copy: the results of one program and concurrency share extra
-            result.extra = {
-                **result.extra,
-                "before_value": row["value"],
-                "before_ratio": row["ratio"],
-                "before_ref": row.get("ref", row.get("timestamp", "")),
-            }
+    attach_before(results, before_rows(BEFORE_ENV))
     return results
 
 

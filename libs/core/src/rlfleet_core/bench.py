@@ -102,3 +102,28 @@ def percentile(samples: Sequence[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+
+
+def before_rows(env: str) -> dict[str, dict[str, Any]]:
+    """This benchmark's rows from an earlier tree, by metric: the JSONL file named by the
+    environment variable `env` (`rlfleet bench <name> --json --no-save` run there), or {}."""
+    path = os.environ.get(env)
+    if not path:
+        return {}
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return {str(row["metric"]): row for row in rows}
+
+
+def attach_before(results: Sequence[BenchResult], rows: dict[str, dict[str, Any]]) -> None:
+    """Name the earlier tree's figure in each result's extra (`before_value`,
+    `before_ratio`, `before_ref`), e.g. to show what a change costs."""
+    for result in results:
+        row = rows.get(result.metric)
+        if row is not None:  # a copy: results may share one extra dict
+            result.extra = {
+                **result.extra,
+                "before_value": row["value"],
+                "before_ratio": row["ratio"],
+                "before_ref": row.get("ref", row.get("timestamp", "")),
+            }
