@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from rlfleet_core.bench import BenchResult, percentile, record
+from rlfleet_core.bench import BenchResult, attach_before, before_rows, percentile, record
 
 REQUIRED = {"name", "metric", "value", "unit", "baseline", "ratio", "target", "device", "timestamp"}
 
@@ -62,3 +62,22 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert percentile(data, 90) == pytest.approx(7.6)  # numpy.percentile(data, 90)
     with pytest.raises(ValueError):
         percentile([], 50)
+
+
+def test_an_earlier_trees_rows_are_attached_by_metric(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    earlier = tmp_path / "before.jsonl"
+    rows = [{"metric": "rps", "value": 5.0, "ratio": 0.5, "ref": "abc1234"}]
+    earlier.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    shared: dict[str, object] = {"program": "p"}
+    results = [
+        BenchResult("b", "rps", 10.0, "1/s", 10.0, extra=shared),
+        BenchResult("b", "p99", 3.0, "ms", 3.0, extra=shared),
+    ]
+    assert before_rows("RLFLEET_TEST_BEFORE") == {}  # unset: nothing to compare
+    monkeypatch.setenv("RLFLEET_TEST_BEFORE", str(earlier))
+    attach_before(results, before_rows("RLFLEET_TEST_BEFORE"))
+    assert results[0].extra == {"program": "p", "before_value": 5.0, "before_ratio": 0.5,
+                                "before_ref": "abc1234"}  # fmt: skip
+    assert results[1].extra == {"program": "p"} and shared == {"program": "p"}
