@@ -1,8 +1,9 @@
 """Hedged answers (issue 28: the policy controls its whole answer): an answer that names
 several candidates must not score for more than one gold. Each hedge is scored against two
-different golds; at most one may give reward 1. (math-verify reads `a \\lor b`, `a \\vee b`,
-`a \\land b` as their last operand, so these commit to one value; the forms below that a
-lenient reader could take as "any of" are exactly the ones to pin.)"""
+different golds; at most one may give reward 1 (math, multiple choice, long-context
+retrieval). math-verify reads `a \\lor b`, `a \\vee b`, `a \\land b` as their last operand, so
+those commit to one value; the forms below that a lenient reader could take as "any of"
+are exactly the ones to pin."""
 
 from __future__ import annotations
 
@@ -62,3 +63,19 @@ def test_a_hedged_choice_scores_for_one_gold_at_most(mode: str) -> None:
     both = [t for t in MCQA_HEDGES if _rewards("mcqa", rows, t) == [1.0, 1.0]]
     assert both == [], both
     assert _rewards("mcqa", rows, r"Answer: C" + "\n" + r"\boxed{C}") == [1.0, 0.0]
+
+
+LONG_CONTEXT_HEDGES = [
+    "Final Answer: 12 or 34", "Final Answer: 12, 34", "Final Answer: 34\nFinal Answer: 12",
+    r"\boxed{12} \boxed{34}", "Answer: 12/34", "The answer is 12 and 34.", "12 34",
+    "Final Answer: [12, 34]",
+]  # fmt: skip
+
+
+def test_a_hedged_long_context_answer_scores_for_one_gold_at_most() -> None:
+    rows: list[dict[str, object]] = [
+        {"expected_answer": gold, "match_type": "exact"} for gold in ("12", "34")
+    ]
+    both = [t for t in LONG_CONTEXT_HEDGES if _rewards("long_context", rows, t) == [1.0, 1.0]]
+    assert both == [], both
+    assert _rewards("long_context", rows, "Final Answer: 12") == [1.0, 0.0]
