@@ -15,8 +15,8 @@ Evidence rests on two things the code under test cannot reach:
   config, sitecustomize, *.pth, ...), no change to an existing test file or to an
   `__init__.py` of a test folder, no change to a file of a test folder (`tests/`,
   `test/`, `testing/`, `e2e/`, `test_*/`, `*_tests/`) and no new file there but a test
-  module, no package metadata (`*.dist-info`, `*.egg-info`: their
-  entry points load pytest plugins) or byte code, no symlink, and no new module or package whose top-level
+  module, no package metadata (`*.dist-info`, `*.egg-info`: their entry points load
+  pytest plugins) or byte code, no symlink, and no new module or package whose top-level
   name is importable from outside the repository (stdlib, installed packages: `pytest.py`,
   `_pytest/`, `pluggy.py`, `json.py`, ...) at a place a test run puts on sys.path.
 
