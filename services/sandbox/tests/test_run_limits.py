@@ -91,25 +91,33 @@ print("ALL DONE", flush=True)
 async def test_many_short_lived_grandchildren_count_toward_the_cpu_limit(
     sandbox: Harness,
 ) -> None:
-    # Orphaned grandchildren (reparented to the runner) that each spin 0.2 s and exit:
-    # 10 x 0.2 s, run one after the other, against a 1 s limit.
+    # Orphaned grandchildren (reparented to the runner) that each spin 0.2 s of CPU and
+    # exit: 10 x 0.2 s, one after the other, against a 1 s limit. The program waits for
+    # each grandchild's 0.2 s (a byte on a pipe) before the next, so the 2 s are spent
+    # before it can end, however loaded the machine: with a sleep between them instead, a
+    # loaded run ended before its grandchildren had spent their CPU (0.64 s counted).
     code = """
 import os, time
 print("ATTEMPT", flush=True)
 for _ in range(10):
+    done_r, done_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         if os.fork() == 0:
             while time.process_time() < 0.2:
                 pass
+            os.write(done_w, b"x")
         os._exit(0)
     os.waitpid(pid, 0)
-    time.sleep(0.25)
+    os.close(done_w)
+    os.read(done_r, 1)
+    os.close(done_r)
 print("ALL DONE", flush=True)
 """
-    result = await sandbox.run(code, cpu_time_s=1, timeout_s=20)
+    result = await sandbox.run(code, cpu_time_s=1, timeout_s=60)
     assert "ATTEMPT" in result.stdout, result
     assert result.status == sandbox_pb2.EXEC_STATUS_TIMEOUT, result
+    assert result.cpu_time_s > 1.0, result
     await sandbox.assert_healthy()
 
 
