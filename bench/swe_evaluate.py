@@ -19,6 +19,7 @@ import asyncio
 import json
 import secrets
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -52,7 +53,10 @@ sys.exit(subprocess.run(req["test_command"], shell=True, stdin=subprocess.DEVNUL
 
 
 def _images() -> list[SweInstance]:
-    subprocess.run([str(REPO / "deploy/docker/build-base.sh")], check=True, timeout=1800)
+    # The build's own lines go to stderr: stdout carries the result rows (`--json`).
+    subprocess.run(
+        [str(REPO / "deploy/docker/build-base.sh")], check=True, timeout=1800, stdout=sys.stderr
+    )
     build_images()
     return load_instances(bundled_instances_dir() / "instances.jsonl")
 

@@ -81,3 +81,12 @@ def test_an_earlier_trees_rows_are_attached_by_metric(
     assert results[0].extra == {"program": "p", "before_value": 5.0, "before_ratio": 0.5,
                                 "before_ref": "abc1234"}  # fmt: skip
     assert results[1].extra == {"program": "p"} and shared == {"program": "p"}
+
+
+def test_before_rows_names_a_line_that_is_not_json(tmp_path, monkeypatch):
+    # A build line on stdout (the bench's own images) must not pass as a row, nor crash.
+    earlier = tmp_path / "before.jsonl"
+    earlier.write_text('{"metric": "rps", "value": 1, "ratio": 1}\nsha256:33cb 212120441\n')
+    monkeypatch.setenv("RLFLEET_TEST_BEFORE", str(earlier))
+    with pytest.raises(SystemExit, match=r"line 2 is not a JSON row.*sha256"):
+        before_rows("RLFLEET_TEST_BEFORE")

@@ -110,8 +110,18 @@ def before_rows(env: str) -> dict[str, dict[str, Any]]:
     path = os.environ.get(env)
     if not path:
         return {}
+    rows = []
     with open(path) as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise SystemExit(
+                    f"{env}={path}: line {number} is not a JSON row ({exc.msg}): {line[:80]!r}; "
+                    "write it with `rlfleet bench <name> --json --no-save > FILE`"
+                ) from None
     return {str(row["metric"]): row for row in rows}
 
 
