@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import ConfigError, load_config
 
@@ -115,3 +116,20 @@ def test_policy_model_takes_bundled_names_paths_and_hub_ids() -> None:
     (line,) = _error("policy.model=not a model").splitlines()
     assert line.startswith("policy.model: 'not a model' is not a bundled name")
     assert "Hugging Face id" in line
+
+
+@pytest.mark.parametrize(
+    ("stage", "kind"),
+    [("rlvr2", "rlvr"), ("rlvr-tooluse", "rlvr"), ("swe1", "swe"), ("rlhf", "rlhf"),
+     ("dpo-tooluse", "dpo"), ("grpo", "grpo")],
+)  # fmt: skip
+def test_the_stage_kind_is_read_from_the_stage_name(stage, kind):
+    assert RecipeConfig.model_validate({"stage": stage}).kind == kind
+
+
+def test_a_stage_name_of_no_kind_needs_kind_set():
+    with pytest.raises(ValidationError, match=r"stage 'warmup' does not start with a stage kind"):
+        RecipeConfig.model_validate({"stage": "warmup"})
+    assert RecipeConfig.model_validate({"stage": "warmup", "kind": "swe"}).kind == "swe"
+    with pytest.raises(ValidationError, match="kind"):
+        RecipeConfig.model_validate({"stage": "rlvr1", "kind": "sft"})

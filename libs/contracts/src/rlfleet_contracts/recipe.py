@@ -12,13 +12,14 @@ optimisation), `services` (where rollout and reward live, how weights travel), `
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 from rlfleet_core.config import ConfigModel
 from rlfleet_core.models import check_model_reference
 from rlfleet_core.tracking.config import LoggerConfig
 
+from rlfleet_contracts.cluster import ClusterConfig
 from rlfleet_contracts.judge import JudgeModelConfig
 from rlfleet_contracts.multiturn import MultiTurnConfig
 from rlfleet_contracts.preference import DPOConfig
@@ -305,31 +306,14 @@ class CheckpointConfig(ConfigModel):
     """Also write a HF folder (safetensors + config + tokenizer) with the final weights."""
 
 
-class ClusterConfig(ConfigModel):
-    """Where a stage runs at scale (used by the SLURM launcher and --dry-run plans)."""
+StageKind = Literal["rlvr", "swe", "rlhf", "grpo", "dpo"]
+"""What a stage does: the `rlfleet rl <kind>` that runs it."""
+STAGE_KINDS: tuple[StageKind, ...] = get_args(StageKind)
 
-    num_nodes: int = Field(1, ge=1)
-    """All nodes of the stage, generation and judges included."""
-    gpus_per_node: int = Field(8, ge=1)
-    """GPUs on each node."""
-    generation_nodes: int = Field(0, ge=0)
-    """Nodes of the rollout service (generation not colocated with training); 0 = colocated."""
-    gym_gpu_nodes: int = Field(0, ge=0)
-    """GPU nodes for reward-side models (LLM judges, GenRM)."""
 
-    @property
-    def training_nodes(self) -> int:
-        return self.num_nodes - self.generation_nodes - self.gym_gpu_nodes
-
-    @model_validator(mode="after")
-    def _training_nodes_left(self) -> ClusterConfig:
-        if self.training_nodes < 1:
-            raise ValueError(
-                f"cluster.num_nodes ({self.num_nodes}) must exceed cluster.generation_nodes "
-                f"({self.generation_nodes}) + cluster.gym_gpu_nodes ({self.gym_gpu_nodes}) "
-                "to leave nodes for training"
-            )
-        return self
+def kind_of_stage(stage: str) -> StageKind | None:
+    """The kind a stage name starts with (rlvr2, rlvr-tooluse -> rlvr), or None."""
+    return next((kind for kind in STAGE_KINDS if stage.startswith(kind)), None)
 
 
 class RecipeConfig(ConfigModel):
@@ -337,6 +321,9 @@ class RecipeConfig(ConfigModel):
 
     stage: str = "rlvr"
     """Stage name, e.g. rlvr1, swe1, rlhf."""
+    kind: StageKind = "rlvr"
+    """What the stage does (rlvr, swe, rlhf, grpo, dpo): read from the start of `stage`
+    when not set, so `stage: rlvr2` is an rlvr stage; set it for any other stage name."""
     grpo: GRPOConfig = GRPOConfig()
     generation: GenerationConfig = GenerationConfig()
     policy: PolicyConfig = PolicyConfig()
@@ -358,6 +345,22 @@ class RecipeConfig(ConfigModel):
     """Where this recipe departs from the published settings it mirrors: dotted key -> the
     published value and why (e.g. a parallelism this machine's backend cannot run).
     Documentation only; `rlfleet rl --dry-run` shows it beside the summary."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_stage(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "kind" in data:
+            return data
+        stage = data.get("stage", "rlvr")
+        kind = kind_of_stage(stage) if isinstance(stage, str) else None
+        if kind is None:  # a bad `stage` type is left to its own field error
+            if isinstance(stage, str):
+                raise ValueError(
+                    f"stage {stage!r} does not start with a stage kind "
+                    f"({', '.join(STAGE_KINDS)}); rename it or set kind: to one of them"
+                )
+            return data
+        return {**data, "kind": kind}
 
     @property
     def global_batch_size(self) -> int:

@@ -21,7 +21,6 @@ from typing import Any
 from rlfleet_core.hub import ModelNotFound, looks_like_path, resolve_hub_model
 from rlfleet_core.models import BUNDLED_MODELS
 
-from rlfleet_contracts.preference import is_dpo_stage
 from rlfleet_contracts.recipe import DataConfig, RecipeConfig
 
 
@@ -212,7 +211,7 @@ def start_problem(
 
 def dpo_problem(recipe: RecipeConfig) -> str | None:
     """A dpo stage samples tool-use episodes and trains in one process."""
-    if not is_dpo_stage(recipe.stage):
+    if recipe.kind != "dpo":
         return None
     if not recipe.multi_turn.envs:
         return (
