@@ -23,40 +23,13 @@ from rlfleet_reward.episodes.face import EpisodeCalls
 from rlfleet_reward.episodes.manager import EpisodeManager
 from rlfleet_reward.gateway import Gateway
 from rlfleet_reward.limits import check_size
-from rlfleet_reward.text import split_reasoning
-from rlfleet_reward.types import FailureKind, Overloaded, Sample, Score, failure
-
-
-def sample_from_proto(response: reward_pb2.Response) -> Sample:
-    """The proto's text is the final answer; a raw generation with <think> is split here."""
-    text, reasoning = response.text, response.reasoning_text
-    if not reasoning and ("<think>" in text or "</think>" in text):
-        text, reasoning = split_reasoning(text)
-    return Sample(
-        text=text,
-        reasoning_text=reasoning,
-        num_tokens=max(0, response.num_tokens),
-        output_text=response.text,  # as a NeMo-Gym message holding it would be read
-    )
+from rlfleet_reward.score_proto import result_to_proto, sample_from_proto
+from rlfleet_reward.types import FailureKind, Overloaded, failure
 
 
 def _env(name: str) -> str:
     """Our environment for `name` (NeMo-Gym agent and server names mapped)."""
     return NEMO_GYM_NAMES.get(name, name)
-
-
-def result_to_proto(request_id: str, env: str, score: Score) -> reward_pb2.ScoreResult:
-    return reward_pb2.ScoreResult(
-        request_id=request_id,
-        env=env,
-        reward=score.reward,
-        reward_components=score.components,
-        failure_kind=reward_pb2.FailureKind.ValueType(score.failure_kind.value),
-        failure_reason=score.failure_reason,
-        mask_sample=score.mask_sample,
-        info=score.info,
-        latency_s=score.latency_s,
-    )
 
 
 class RewardServicer(EpisodeCalls, reward_pb2_grpc.RewardServiceServicer):

@@ -11,6 +11,7 @@ from rlfleet_proto.v1 import reward_pb2
 from rlfleet_reward.episodes.manager import Call, EpisodeManager
 from rlfleet_reward.episodes.tools import schema_json
 from rlfleet_reward.limits import check_size
+from rlfleet_reward.score_proto import result_to_proto, sample_from_proto
 
 
 class EpisodeCalls:
@@ -67,8 +68,6 @@ class EpisodeCalls:
     async def CloseEpisode(
         self, request: reward_pb2.CloseEpisodeRequest, context: aio.ServicerContext[Any, Any]
     ) -> reward_pb2.ScoreResult:
-        from rlfleet_reward.grpc_face import result_to_proto, sample_from_proto
-
         owner = self._owner(context)
         self._check_request(request)
         sample = None
