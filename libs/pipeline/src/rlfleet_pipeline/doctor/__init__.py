@@ -16,28 +16,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
-Status = Literal["ok", "warn", "fail"]
+from rlfleet_pipeline.doctor import builds, system, wheels
+from rlfleet_pipeline.doctor.check import Check, Status
 
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    found: str
-    """What was found, one line."""
-    fix: str = ""
-    """The command (or the one step) that fixes a miss; empty when ok."""
-
-    def line(self) -> str:
-        text = f"{self.status:<4} {self.name}: {self.found}"
-        return f"{text}; fix: {self.fix}" if self.fix else text
-
-    def to_json(self) -> dict[str, str]:
-        return asdict(self)
+__all__ = ["Check", "NotReady", "Status", "require_ready", "run_checks", "to_json"]
 
 
 class NotReady(Exception):
@@ -53,8 +37,6 @@ def run_checks(*, engine: str = "vllm", out: Path = Path("runs"), fix: bool = Fa
     """Every check, in a fixed order. The slow ones (child processes importing torch and
     vLLM, the bwrap sandbox) run side by side. `fix` rewrites mismatched WHEEL tags (the
     only change the doctor makes)."""
-    from rlfleet_pipeline.doctor import builds, system, wheels
-
     probes: list[Callable[[], list[Check]]] = [
         lambda: [system.check_python()],
         lambda: [system.check_uv()],

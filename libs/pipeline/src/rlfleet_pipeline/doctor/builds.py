@@ -15,7 +15,7 @@ import sysconfig
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from rlfleet_pipeline.doctor import Check, Status
+from rlfleet_pipeline.doctor.check import Check, Status
 
 IMPORT_TIMEOUT_S = 180.0
 """Deadline of an import probe: importing vLLM takes ~25 s on a busy 2-core machine."""

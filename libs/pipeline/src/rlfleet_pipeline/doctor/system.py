@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlfleet_pipeline.doctor import Check
+from rlfleet_pipeline.doctor.check import Check
 
 PROBE_TIMEOUT_S = 20.0
 """Deadline of each external command (uv --version, docker info, the bwrap sandbox)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from rlfleet_pipeline.doctor import Check
+from rlfleet_pipeline.doctor.check import Check
 
 
 @dataclass(frozen=True)
