@@ -8,9 +8,11 @@ AsyncLLM), `HfEngine` (transformers, batched KV-cache decoding) and `ReplicaPool
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
+from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.types import (
     EngineStatus,
     GenerateInput,
@@ -69,6 +71,49 @@ class Engine(Protocol):
         ...
 
     def status(self) -> EngineStatus: ...
+
+
+class EngineBase:
+    """What every engine holds alike: its config and model, the weight version it serves and
+    the token facts it reports once started (`_vocab_size`, `_eos`, set by `start`)."""
+
+    name: str
+
+    def __init__(self, config: RolloutServiceConfig, model_path: Path) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.tokenizer: Any = None
+        self._version = 0
+        self._vocab_size = 0
+        self._eos: tuple[int, ...] = ()
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.engine_config.max_model_len
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos
+
+
+def eos_ids(tokenizer: Any, *model_configs: Any) -> tuple[int, ...]:
+    """Every id that ends a sample: the tokenizer's EOS and each config's `eos_token_id`
+    (an int, a list or absent), sorted."""
+    eos: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    for source in model_configs:
+        value: int | Iterable[int] | None = getattr(source, "eos_token_id", None)
+        eos.update([value] if isinstance(value, int) else (value or []))
+    return tuple(sorted(eos))
 
 
 def resolve_dtype(dtype: str, on_gpu: bool) -> Any:

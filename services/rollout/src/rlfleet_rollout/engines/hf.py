@@ -30,7 +30,7 @@ import torch
 from rlfleet_weights.base import GroupReceiver
 
 from rlfleet_rollout.config import RolloutServiceConfig
-from rlfleet_rollout.engines.base import resolve_dtype
+from rlfleet_rollout.engines.base import EngineBase, eos_ids, resolve_dtype
 from rlfleet_rollout.engines.hf_prefix import NO_HIT, PrefixCache, prefill
 from rlfleet_rollout.engines.hf_weights import HfWeights
 from rlfleet_rollout.engines.requests import sample_sampling, token_budget
@@ -69,14 +69,12 @@ class _Row:
     generator: torch.Generator | None = None
 
 
-class HfEngine(HfWeights):
+class HfEngine(EngineBase, HfWeights):
     name = "hf"
 
     def __init__(self, config: RolloutServiceConfig, model_path: Path) -> None:
-        self.config = config
-        self.model_path = model_path
+        super().__init__(config, model_path)
         self.replica = "hf-0"
-        self._version = 0
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._update_lock = asyncio.Lock()
@@ -94,28 +92,9 @@ class HfEngine(HfWeights):
         self._staging: dict[str, torch.Tensor] = {}
         self._thread: threading.Thread | None = None
         self.model: Any = None
-        self.tokenizer: Any = None
         self._last_logits_only: dict[str, int] = {}
         cfg = config.engine_config
         self._prefix = PrefixCache(cfg.prefix_cache_bytes) if cfg.enable_prefix_caching else None
-
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.get_input_embeddings().weight.shape[0])
-
-    @property
-    def max_model_len(self) -> int:
-        return self.config.engine_config.max_model_len
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -139,13 +118,8 @@ class HfEngine(HfWeights):
         forward = inspect.signature(self.model.forward).parameters
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        eos: set[int] = set()
-        for source in (self.model.config, self.model.generation_config):
-            value = getattr(source, "eos_token_id", None)
-            eos.update([value] if isinstance(value, int) else (value or []))
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(int(self.tokenizer.eos_token_id))
-        self._eos = tuple(sorted(eos))
+        self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self._eos = eos_ids(self.tokenizer, self.model.config, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self._pad = int(pad if pad is not None else (self._eos[0] if self._eos else 0))
         # Every name a trainer may send: tied weights appear under both names.

@@ -32,6 +32,7 @@ from rlfleet_core.errors import Unavailable
 from rlfleet_core.raycluster import as_future
 
 from rlfleet_rollout.config import RolloutServiceConfig
+from rlfleet_rollout.engines.base import EngineBase
 from rlfleet_rollout.engines.updates import UpdateAborted, check_newer
 from rlfleet_rollout.types import (
     EngineStatus,
@@ -59,11 +60,7 @@ class ReplicaActor:
 
     async def start(self) -> dict[str, Any]:
         await self.engine.start()
-        return {
-            "vocab_size": self.engine.vocab_size,
-            "max_model_len": self.engine.max_model_len,
-            "eos_token_ids": self.engine.eos_token_ids,
-        }
+        return {"vocab_size": self.engine.vocab_size, "eos_token_ids": self.engine.eos_token_ids}
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[Sample]:
         async for sample in self.engine.generate(request):
@@ -99,15 +96,12 @@ class ReplicaActor:
         await self.engine.stop()
 
 
-class ReplicaPool:
+class ReplicaPool(EngineBase):
     def __init__(self, config: RolloutServiceConfig, model_path: Path) -> None:
-        self.config = config
-        self.model_path = model_path
-        self.name: str = config.engine
-        self._version = 0
+        super().__init__(config, model_path)
+        self.name = config.engine
         self._load: list[int] = []
         self._actors: list[Any] = []
-        self._info: dict[str, Any] = {}
         self._statuses: list[EngineStatus] = []
         self._update_lock = asyncio.Lock()
         self._fenced: set[int] = set()
@@ -117,23 +111,6 @@ class ReplicaPool:
         self._started: list[bool] = []
         self._poller: asyncio.Task[None] | None = None
         self.status_interval_s = 0.5
-        self.tokenizer: Any = None
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self._info["vocab_size"])
-
-    @property
-    def max_model_len(self) -> int:
-        return int(self._info["max_model_len"])
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return tuple(self._info["eos_token_ids"])
 
     async def start(self) -> None:
         """Start Ray (when not running yet) and the replicas, within
@@ -189,7 +166,10 @@ class ReplicaPool:
             return info
 
         infos = await asyncio.gather(*(start_one(i) for i in range(len(self._actors))))
-        self._info = infos[0]
+        # The replicas load one model with one config (max_model_len included): the first
+        # one's token facts are the pool's.
+        self._vocab_size = int(infos[0]["vocab_size"])
+        self._eos = tuple(infos[0]["eos_token_ids"])
         self._load = [0] * len(self._actors)
         from transformers import AutoTokenizer
 

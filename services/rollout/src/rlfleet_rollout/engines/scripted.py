@@ -17,11 +17,11 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from rlfleet_core.errors import FailedPrecondition, InvalidArgument
 
 from rlfleet_rollout.config import RolloutServiceConfig
+from rlfleet_rollout.engines.base import EngineBase, eos_ids
 from rlfleet_rollout.engines.updates import check_newer
 from rlfleet_rollout.types import (
     EngineStatus,
@@ -57,39 +57,21 @@ def read_script(path: str) -> list[str]:
     return turns
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineBase):
     name = "scripted"
 
     def __init__(self, config: RolloutServiceConfig, model_path: Path) -> None:
-        self.config = config
-        self.model_path = model_path
+        super().__init__(config, model_path)
         self.turns = read_script(config.script_path)
-        self.tokenizer: Any = None
-        self._version = 0
         self._paused = False
         self._tokens = 0
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.config.engine_config.max_model_len
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        eos = self.tokenizer.eos_token_id
-        return (int(eos),) if eos is not None else ()
 
     async def start(self) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self._vocab_size = len(self.tokenizer)
+        self._eos = eos_ids(self.tokenizer)
 
     async def stop(self) -> None:
         return None

@@ -44,6 +44,7 @@ from rlfleet_core.errors import FailedPrecondition, Unavailable
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines import vllm_compat, vllm_worker
+from rlfleet_rollout.engines.base import EngineBase, eos_ids
 from rlfleet_rollout.engines.requests import sample_sampling, token_budget
 from rlfleet_rollout.engines.updates import UpdateAborted, check_or_drain
 from rlfleet_rollout.types import (
@@ -68,14 +69,12 @@ CPU_BLOCK_SIZE = 32
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
-class VllmEngine:
+class VllmEngine(EngineBase):
     name = "vllm"
 
     def __init__(self, config: RolloutServiceConfig, model_path: Path) -> None:
-        self.config = config
-        self.model_path = model_path
+        super().__init__(config, model_path)
         self.replica = "vllm-0"
-        self._version = 0
         self._update_lock = asyncio.Lock()
         self._admit = asyncio.Event()
         self._admit.set()
@@ -84,29 +83,10 @@ class VllmEngine:
         self._waiting = 0
         self._meter = ThroughputMeter()
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
-        self._vocab_size = 0
-        self._eos: tuple[int, ...] = ()
         self._workers = 0
         self._broken: str | None = None
         """Why generation is refused (a load failed midway), or None."""
         self.llm: Any = None
-        self.tokenizer: Any = None
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def max_model_len(self) -> int:
-        return self.config.engine_config.max_model_len
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -123,12 +103,7 @@ class VllmEngine:
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.model_config.hf_config
         self._vocab_size = int(hf_config.vocab_size)
-        eos = (
-            {int(self.tokenizer.eos_token_id)} if self.tokenizer.eos_token_id is not None else set()
-        )
-        value = getattr(hf_config, "eos_token_id", None)
-        eos.update([value] if isinstance(value, int) else (value or []))
-        self._eos = tuple(sorted(eos))
+        self._eos = eos_ids(self.tokenizer, hf_config)
         logger.info("vllm engine ready: %s", self.model_path)
 
     def _build(self) -> Any:
