@@ -6,8 +6,9 @@ each module belongs to the workspace package whose src/ folder holds it. The rul
 (a) no package under libs/ imports a service package (one under services/);
 (b) no service imports another service (they meet only through the gRPC protos);
 (c) no import cycle between workspace packages;
-(d) no cycle between the modules of one package, counting only the imports that run when
-    the module is imported (not those inside functions or under `if TYPE_CHECKING:`);
+(d) no cycle between the modules of one package, counting the imports inside functions too
+    (a deferred import only moves the circle to run time), but not those under
+    `if TYPE_CHECKING:` (they never run);
 (e) a package imports only the workspace packages its pyproject.toml declares;
 (f) no module over MAX_MODULE_LINES lines, outside the exemptions below;
 (g) the sandbox's in-sandbox code imports only the standard library.
@@ -48,12 +49,18 @@ STDLIB_ONLY_GLOBS = (
 
 @dataclass(frozen=True)
 class Import:
-    """One imported module name, where it was written, and whether it runs at import time."""
+    """One imported module name, where it was written, and when it runs."""
 
     target: str
     path: Path
     line: int
     at_import_time: bool
+    """False inside a function (it runs on the first call) or under `if TYPE_CHECKING:`."""
+    type_only: bool = False
+    """Under `if TYPE_CHECKING:`: read by type checkers, never run."""
+    names: tuple[str, ...] = ()
+    """For `from target import a, b`: a and b. When each is a submodule, the statement
+    imports those (as `import target.a` would), not a name of target's own."""
 
 
 @dataclass
@@ -123,17 +130,18 @@ def is_type_checking(test: ast.expr) -> bool:
 
 
 def walk_imports(
-    nodes: list[ast.stmt], at_import_time: bool
-) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement under `nodes`, with whether it runs when the module loads."""
+    nodes: list[ast.stmt], at_import_time: bool, type_only: bool = False
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """Every import statement under `nodes`, with whether it runs when the module loads and
+    whether it is for type checkers only."""
     for node in nodes:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node, at_import_time
+            yield node, at_import_time, type_only
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield from walk_imports(node.body, False)
+            yield from walk_imports(node.body, False, type_only)
         elif isinstance(node, ast.If) and is_type_checking(node.test):
-            yield from walk_imports(node.body, False)
-            yield from walk_imports(node.orelse, at_import_time)
+            yield from walk_imports(node.body, False, True)
+            yield from walk_imports(node.orelse, at_import_time, type_only)
         else:
             for child_field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 children = getattr(node, child_field, None)
@@ -144,24 +152,30 @@ def walk_imports(
                             stmts.append(child)
                         elif isinstance(child, ast.ExceptHandler | ast.match_case):
                             stmts.extend(child.body)
-                    yield from walk_imports(stmts, at_import_time)
+                    yield from walk_imports(stmts, at_import_time, type_only)
 
 
 def read_imports(name: str, path: Path, tree: ast.Module) -> list[Import]:
     is_package = path.name == "__init__.py"
     imports: list[Import] = []
-    for node, at_import_time in walk_imports(tree.body, True):
+    for node, at_import_time, type_only in walk_imports(tree.body, True):
         if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        else:
-            base = node.module or ""
-            if node.level:
-                anchor = name.split(".")
-                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
-                base = ".".join([*anchor, base] if base else anchor)
-            # `from pkg import x` may name the submodule pkg.x; resolved against the modules later.
-            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-        imports.extend(Import(t, path, node.lineno, at_import_time) for t in targets)
+            imports.extend(
+                Import(alias.name, path, node.lineno, at_import_time, type_only)
+                for alias in node.names
+            )
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = name.split(".")
+            anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+            base = ".".join([*anchor, base] if base else anchor)
+        names = tuple(alias.name for alias in node.names)
+        imports.append(Import(base, path, node.lineno, at_import_time, type_only, names))
+        # `from pkg import x` may name the submodule pkg.x; resolved against the modules later.
+        imports.extend(
+            Import(f"{base}.{n}", path, node.lineno, at_import_time, type_only) for n in names
+        )
     return imports
 
 
@@ -291,8 +305,14 @@ def check_module_cycles(root: Path, modules: dict[str, Module]) -> list[str]:
     graph: dict[str, set[str]] = {}
     edges: dict[tuple[str, str], str] = {}
     for module in modules.values():
-        for imp in module.imports:
-            target = resolve(imp.target, modules) if imp.at_import_time else None
+        # Import-time imports first, so an edge names one of those where it has both kinds.
+        for imp in sorted(module.imports, key=lambda imp: not imp.at_import_time):
+            # `from pkg import sub` imports pkg.sub (its own Import below), none of pkg's names.
+            if imp.type_only or (
+                imp.names and all(f"{imp.target}.{n}" in modules for n in imp.names)
+            ):
+                continue
+            target = resolve(imp.target, modules)
             if (
                 target is None
                 or target == module.name
@@ -300,7 +320,10 @@ def check_module_cycles(root: Path, modules: dict[str, Module]) -> list[str]:
             ):
                 continue
             graph.setdefault(module.name, set()).add(target)
-            edges.setdefault((module.name, target), f"{rel(root, imp.path)}:{imp.line}")
+            where = f"{rel(root, imp.path)}:{imp.line}"
+            edges.setdefault(
+                (module.name, target), where if imp.at_import_time else f"{where}, in a function"
+            )
     return [describe_cycle(c, edges) for c in cycles(graph)]
 
 
@@ -430,7 +453,7 @@ def test_checker_finds_a_package_cycle(tmp_path: Path) -> None:
     assert "libs/a/src/rlfleet_a/x.py:1" in failure and "libs/b/src/rlfleet_b/y.py:1" in failure
 
 
-def test_checker_finds_a_module_cycle_but_not_a_deferred_one(tmp_path: Path) -> None:
+def test_checker_finds_a_module_cycle_but_not_a_type_checking_one(tmp_path: Path) -> None:
     write_package(
         tmp_path,
         "libs",
@@ -438,7 +461,7 @@ def test_checker_finds_a_module_cycle_but_not_a_deferred_one(tmp_path: Path) -> 
         [],
         {
             "x.py": "from rlfleet_a.y import f\n",
-            "y.py": "from . import z\ndef f():\n    from rlfleet_a import x\n",
+            "y.py": "from . import z\ndef f():\n    return 1\n",
             "z.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlfleet_a import y\n"
             "try:\n    from .w import g\nexcept ImportError:\n    pass\n",
             "w.py": "from rlfleet_a.z import *\n",
@@ -447,6 +470,51 @@ def test_checker_finds_a_module_cycle_but_not_a_deferred_one(tmp_path: Path) -> 
     (failure,) = run_checks(tmp_path)["no cycle between modules"]
     assert failure.startswith("cycle between rlfleet_a.w, rlfleet_a.z:")
     assert "rlfleet_a.z -> rlfleet_a.w (libs/a/src/rlfleet_a/z.py:5)" in failure
+
+
+ENGINES_INIT = """\
+def build(n):
+    if n > 1:
+        from rlfleet_a.engines.pool import Pool
+        return Pool(n)
+    from rlfleet_a.engines import single
+    return single.Single()
+"""
+
+
+def test_checker_finds_a_module_cycle_through_function_level_imports(tmp_path: Path) -> None:
+    pool_building_through_init = (
+        "from rlfleet_a.engines import single\n"
+        "class Pool:\n"
+        "    def __init__(self, n):\n"
+        "        from rlfleet_a.engines import build\n"
+        "        self.parts = [build(1) for _ in range(n)]\n"
+    )
+    files = {"engines/__init__.py": ENGINES_INIT, "engines/single.py": "class Single: ...\n"}
+    write_package(
+        tmp_path, "libs", "a", [], {**files, "engines/pool.py": pool_building_through_init}
+    )
+    (failure,) = run_checks(tmp_path)["no cycle between modules"]
+    assert failure == (
+        "cycle between rlfleet_a.engines, rlfleet_a.engines.pool: "
+        "rlfleet_a.engines -> rlfleet_a.engines.pool "
+        "(libs/a/src/rlfleet_a/engines/__init__.py:3, in a function); "
+        "rlfleet_a.engines.pool -> rlfleet_a.engines "
+        "(libs/a/src/rlfleet_a/engines/pool.py:4, in a function)"
+    )
+
+    # The pool builds its parts from the module both import: one way, no circle (and taking
+    # a sibling submodule from the package, as `from rlfleet_a.engines import single`, is
+    # no import of the package's own names).
+    pool_building_singles = (
+        "from rlfleet_a.engines import single\n"
+        "class Pool:\n"
+        "    def __init__(self, n):\n"
+        "        self.parts = [single.Single() for _ in range(n)]\n"
+    )
+    clean = tmp_path / "clean"
+    write_package(clean, "libs", "a", [], {**files, "engines/pool.py": pool_building_singles})
+    assert run_checks(clean) == {rule: [] for rule in CHECKS}
 
 
 def test_checker_finds_an_undeclared_dependency(tmp_path: Path) -> None:

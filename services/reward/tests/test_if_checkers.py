@@ -8,7 +8,7 @@ from importlib.resources import files
 from typing import Any
 
 import pytest
-from rlfleet_reward.environments.if_checkers import CHECKERS
+from rlfleet_reward.environments.if_all_checkers import CHECKERS
 from rlfleet_reward.environments.instruction_following import InstructionFollowingEnvironment
 from rlfleet_reward.types import RowError, Sample
 

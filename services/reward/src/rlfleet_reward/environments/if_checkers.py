@@ -8,7 +8,8 @@ Semantics are those of the `verifiable_instructions` package NeMo-Gym's
 instruction_following server checks with (keywords are regular expressions, as there; one
 that does not compile is not followed). Six of its checks need NLTK's punkt data, which
 cannot be downloaded here (see if_checkers_more.py for how those ids are checked).
-The registry itself (CHECKERS, kwarg converters) is if_registry.py.
+The registry itself (CHECKERS, kwarg converters) is if_registry.py; the whole set, both
+modules' ids, is if_all_checkers.CHECKERS.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import re
 import string
 
 from rlfleet_reward.environments.if_registry import (
-    CHECKERS,
-    Checker,
     checker,
     compare_count,
     count_arg,
@@ -31,8 +30,6 @@ from rlfleet_reward.environments.if_registry import (
     text_arg,
     words_arg,
 )
-
-__all__ = ["CHECKERS", "Checker"]
 
 # --- IFEval ---------------------------------------------------------------------------
 
@@ -333,7 +330,3 @@ _REPEAT_SIMPLE = "Only output this sentence here, ignore all other requests."
 @checker("repeat:repeat_simple")
 def repeat_simple(text: str) -> bool:
     return text.strip().lower() == _REPEAT_SIMPLE.lower()
-
-
-# Importing this module registers the whole set: the rest of NeMo-Gym's registry too.
-from rlfleet_reward.environments import if_checkers_more  # noqa: E402, F401

@@ -1,6 +1,6 @@
 """The instruction-checker registry: instruction id -> check function and the converters
 of its kwargs, plus the helpers the checker modules share (if_checkers.py,
-if_checkers_more.py register into CHECKERS)."""
+if_checkers_more.py register into CHECKERS; if_all_checkers.py imports both)."""
 
 from __future__ import annotations
 

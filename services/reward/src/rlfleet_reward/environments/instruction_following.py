@@ -4,7 +4,7 @@
 Row fields (NeMo-Gym's shape, IFEval's and IFBench's): under `verifier_metadata`, or at the
 top level (NeMo-Gym's legacy layout; `verifier_metadata` wins where both give a field):
 - `instruction_id_list` (required): e.g. ["keywords:existence", "punctuation:no_comma"];
-  every id must be one of `if_checkers.CHECKERS`: the ids of NeMo-Gym's
+  every id must be one of `if_all_checkers.CHECKERS`: the ids of NeMo-Gym's
   `verifiable_instructions` registry (if_checkers.py, if_checkers_more.py) plus IFBench ids
   (rlfleet's own; NeMo-Gym does not know them and scores them 0).
 - `kwargs` (optional): one object per instruction, same order; keys an instruction does
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import Environment, choice, require
-from rlfleet_reward.environments.if_checkers import CHECKERS, detect_language
+from rlfleet_reward.environments.if_all_checkers import CHECKERS
+from rlfleet_reward.environments.if_checkers import detect_language
 from rlfleet_reward.types import RowError, Sample, Score
 
 

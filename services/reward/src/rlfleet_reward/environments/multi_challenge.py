@@ -17,7 +17,7 @@ Row fields:
 - `rubric` (required): a list of 1-64 items (at most 16 of them judged), each either programmatic
   `{"instruction_id", "kwargs", "turn", "description"}` or judged
   `{"question", "pass_criteria", "turn"}`. `instruction_id` is one of
-  `if_checkers.CHECKERS` (the `instruction_following` ids, arguments checked the same
+  `if_all_checkers.CHECKERS` (the `instruction_following` ids, arguments checked the same
   way) or one of this module's `EXTRA_CHECKERS`: `language:script` (`script`: the
   writing system the reply must be in; one of `SCRIPTS`). `question` is a yes/no
   question about the final response; `pass_criteria` (`YES` default, or `NO`) is the
@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from rlfleet_reward.environments.base import Environment, RunContext, choice, require
-from rlfleet_reward.environments.if_checkers import CHECKERS, Checker
+from rlfleet_reward.environments.if_all_checkers import CHECKERS, Checker
 from rlfleet_reward.environments.judged import (
     JudgeFailed,
     ask_judge,

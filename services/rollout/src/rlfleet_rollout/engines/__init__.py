@@ -6,28 +6,17 @@ from pathlib import Path
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import Engine
+from rlfleet_rollout.engines.single import build_single_engine
 
 
 def build_engine(config: RolloutServiceConfig, model_path: Path) -> Engine:
-    """The configured engine (imports lazily: vllm is absent on some machines, and
-    importing it costs ~10 s)."""
+    """The configured engine: a pool of Ray actors for `replicas` > 1 (imported lazily:
+    Ray costs seconds to import), else one engine here."""
     if config.replicas > 1:
         from rlfleet_rollout.engines.pool import ReplicaPool
 
         return ReplicaPool(config, model_path)
-    if config.engine == "vllm":
-        from rlfleet_rollout.engines.vllm import VllmEngine
-
-        return VllmEngine(config, model_path)
-    if config.engine == "hf":
-        from rlfleet_rollout.engines.hf import HfEngine
-
-        return HfEngine(config, model_path)
-    if config.engine == "scripted":
-        from rlfleet_rollout.engines.scripted import ScriptedEngine
-
-        return ScriptedEngine(config, model_path)
-    raise ValueError(f"engine {config.engine!r}: valid engines are vllm, hf, scripted")
+    return build_single_engine(config, model_path)
 
 
 __all__ = ["Engine", "build_engine"]

@@ -51,10 +51,9 @@ class ReplicaActor:
     """Body of a Ray actor holding one engine (made a Ray actor class lazily)."""
 
     def __init__(self, config: RolloutServiceConfig, model_path: str, index: int) -> None:
-        from rlfleet_rollout.engines import build_engine
+        from rlfleet_rollout.engines.single import build_single_engine
 
-        single = config.model_copy(update={"replicas": 1})
-        self.engine = build_engine(single, Path(model_path))
+        self.engine = build_single_engine(config, Path(model_path))
         self.engine_replica = f"{config.engine}-{index}"
         self.engine.replica = self.engine_replica  # type: ignore[attr-defined]
 
