@@ -23,11 +23,13 @@ from support import spawn_bound
 
 pytest.importorskip("rlfleet_rollout", reason="the rollout service package is not installed")
 
+from rlfleet_contracts.reward_client import RewardClient
+from rlfleet_core.calls import CallRetry
 from rlfleet_trainer.agent.episodes import EpisodeClient
 from rlfleet_trainer.agent.rollout import AgentLimits, AgentRollout
 from rlfleet_trainer.agent.tool_format import HermesFormat
 from rlfleet_trainer.batch import build_train_batch
-from rlfleet_trainer.clients import CallRetry, RewardClient, RolloutClient, Sampling
+from rlfleet_trainer.clients import RolloutClient, Sampling
 from rlfleet_trainer.data import Prompt
 from rlfleet_trainer.testing_agent import DoubleEpisodes, serve_servicer
 
@@ -117,7 +119,7 @@ async def test_three_tool_calls_through_the_real_rollout_service(
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("tiny"))
     episodes = DoubleEpisodes()  # type: ignore[abstract]
     async with serve_servicer(episodes) as reward_target:
-        rollout = RolloutClient(scripted_rollout, 30.0, 1 << 20, CallRetry(attempts=1))
+        rollout = RolloutClient(scripted_rollout, 30.0, CallRetry(attempts=1))
         rewards = RewardClient(reward_target, 30.0, CallRetry(attempts=1))
         agent = AgentRollout(
             rollout,

@@ -17,11 +17,13 @@ from test_multiturn_scripted import call, scripted_rollout_service
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
 pytest.importorskip("rlfleet_reward", reason="the reward service package is not installed")
 
+from rlfleet_contracts.reward_client import RewardClient
+from rlfleet_core.calls import CallRetry
 from rlfleet_trainer.agent.episodes import EpisodeClient
 from rlfleet_trainer.agent.rollout import AgentLimits, AgentRollout
 from rlfleet_trainer.agent.tool_format import HermesFormat
 from rlfleet_trainer.batch import build_train_batch
-from rlfleet_trainer.clients import CallRetry, RewardClient, RolloutClient, Sampling
+from rlfleet_trainer.clients import RolloutClient, Sampling
 from rlfleet_trainer.data import Prompt
 
 SCRIPT = [
@@ -64,7 +66,7 @@ async def test_three_python_calls_through_rollout_reward_and_sandbox(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("tiny"))
-    rollout = RolloutClient(targets[0], 30.0, 1 << 20, CallRetry(attempts=1))
+    rollout = RolloutClient(targets[0], 30.0, CallRetry(attempts=1))
     rewards = RewardClient(targets[1], 30.0, CallRetry(attempts=1))
     try:
         agent = AgentRollout(

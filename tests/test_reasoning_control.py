@@ -35,9 +35,10 @@ def reward_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 async def test_low_effort_prompts_are_scored_by_generated_tokens(reward_target: str) -> None:
     from rlfleet_contracts.recipe import RecipeConfig
+    from rlfleet_contracts.reward_client import RewardClient
     from rlfleet_core.config import load_config
     from rlfleet_core.models import resolve_model
-    from rlfleet_trainer.clients import RewardClient, RolloutClient
+    from rlfleet_trainer.clients import RolloutClient
     from rlfleet_trainer.collector import Collector
     from rlfleet_trainer.data import PromptSource
     from rlfleet_trainer.testing import serve_doubles
@@ -71,7 +72,7 @@ async def test_low_effort_prompts_are_scored_by_generated_tokens(reward_target: 
     )
     source = PromptSource.from_recipe(recipe, rows, tokenizer, False, training=True)
     async with serve_doubles(model) as (rollout_target, _, rollout, _):
-        rollout_client = RolloutClient(rollout_target, 60.0, 1 << 20)
+        rollout_client = RolloutClient(rollout_target, 60.0)
         reward_client = RewardClient(reward_target, 60.0)
         collector = Collector.from_recipe(
             recipe, source, rollout_client, reward_client, lambda ids: r"\boxed{4}"

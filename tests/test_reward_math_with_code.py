@@ -25,9 +25,9 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from rlfleet_contracts.sandbox_client import SandboxBusy, SandboxClient, SessionGone
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.python_tool import PythonToolSessions, ToolLimits
-from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy, SessionGone
 from support import ports_of, sandbox_and_reward
 
 pytest.importorskip("rlfleet_sandbox", reason="the sandbox service package is not installed")
@@ -296,7 +296,7 @@ def test_session_limits_of_the_sandbox_are_429(tight_services: Services) -> None
 async def test_abandoned_episodes_stop_counting_after_their_idle_timeout(
     services: Services,
 ) -> None:
-    client = GrpcSandboxClient(services.sandbox_target)
+    client = SandboxClient(services.sandbox_target)
     tools = PythonToolSessions(client, ToolLimits(max_episodes=2, idle_timeout_s=1.0))
     try:
         for episode in ("one", "two"):  # never ended
@@ -314,8 +314,8 @@ async def test_abandoned_episodes_stop_counting_after_their_idle_timeout(
 async def test_a_session_handle_is_useless_to_another_gateway_client(services: Services) -> None:
     """Each session's sandbox key is HMAC(the client's secret, the handle's label): a
     client with another secret that learns the handle (a log line) reaches nothing."""
-    owner = GrpcSandboxClient(services.sandbox_target)
-    thief = GrpcSandboxClient(services.sandbox_target)
+    owner = SandboxClient(services.sandbox_target)
+    thief = SandboxClient(services.sandbox_target)
     try:
         handle = await owner.create_session(idle_timeout_s=60, timeout_s=10)
         assert (

@@ -20,8 +20,10 @@ from support import start_service
 pytest.importorskip("rlfleet_rollout", reason="the rollout service package is not installed")
 pytest.importorskip("rlfleet_reward", reason="the reward package is not installed")
 
+from rlfleet_contracts.reward_client import RewardClient
+from rlfleet_core.calls import CallRetry
 from rlfleet_dataprep.swe_pivot import BUNDLED_DEMOS, call_text, prepare_swe_pivot, read_jsonl
-from rlfleet_trainer.clients import CallRetry, RewardClient, RolloutClient, Sampling
+from rlfleet_trainer.clients import RolloutClient, Sampling
 from rlfleet_trainer.data import PromptSource
 
 DEMO = "rlfleet__tinystats-1/grep-view-test"
@@ -62,7 +64,7 @@ async def test_scripted_next_actions_score_through_rollout_and_reward(tmp_path: 
             tmp_path / "rollout.log",
         )  # fmt: skip
         processes.append(rollout_process)
-        rollout = RolloutClient(rollout_target, 60.0, 1 << 20, CallRetry(attempts=1))
+        rollout = RolloutClient(rollout_target, 60.0, CallRetry(attempts=1))
         rewards = RewardClient(reward_target, 60.0, CallRetry(attempts=1))
         got = []
         try:

@@ -19,11 +19,13 @@ from test_multiturn_scripted import call, scripted_rollout_service
 pytest.importorskip("rlfleet_swe", reason="the swe-runner package is not installed")
 pytest.importorskip("rlfleet_reward", reason="the reward service package is not installed")
 
+from rlfleet_contracts.reward_client import RewardClient
+from rlfleet_core.calls import CallRetry
 from rlfleet_dataprep.swe import BUNDLED, swe_row
 from rlfleet_trainer.agent.episodes import EpisodeClient
 from rlfleet_trainer.agent.rollout import AgentLimits, AgentRollout
 from rlfleet_trainer.agent.tool_format import HermesFormat
-from rlfleet_trainer.clients import CallRetry, RewardClient, RolloutClient, Sampling
+from rlfleet_trainer.clients import RolloutClient, Sampling
 from rlfleet_trainer.data import Prompt
 
 INSTANCE = json.loads(BUNDLED.read_text().splitlines()[0])
@@ -86,7 +88,7 @@ async def test_a_scripted_policy_is_scored_by_its_patch(
         prompt_id="s@0", index=0, env="swe_agent", row_json=json.dumps(row), token_ids=(1,)
     )
     with scripted_rollout_service(tmp_path, script) as rollout_target:
-        rollout = RolloutClient(rollout_target, 60.0, 1 << 20, CallRetry(attempts=1))
+        rollout = RolloutClient(rollout_target, 60.0, CallRetry(attempts=1))
         rewards = RewardClient(reward_target, 200.0, CallRetry(attempts=1))
         try:
             agent = AgentRollout(

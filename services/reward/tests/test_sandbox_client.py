@@ -1,4 +1,4 @@
-"""GrpcSandboxClient against the sandbox test double (a real gRPC server on loopback).
+"""SandboxClient against the sandbox test double (a real gRPC server on loopback).
 
 The cross-service test against the real sandbox service (services/sandbox) remains to
 be written once it lands."""
@@ -9,11 +9,11 @@ import time
 
 import pytest
 from reward_support import free_port
-from rlfleet_reward.sandbox_client import ExecStatus, GrpcSandboxClient, SandboxUnavailable
+from rlfleet_contracts.sandbox_client import ExecStatus, SandboxClient, SandboxUnavailable
 
 
 async def test_ok_error_timeout(sandbox_port: int) -> None:
-    client = GrpcSandboxClient(f"127.0.0.1:{sandbox_port}")
+    client = SandboxClient(f"127.0.0.1:{sandbox_port}")
     try:
         ok = await client.execute("print(input()[::-1])", stdin="abc\n", timeout_s=10)
         assert ok.status is ExecStatus.OK and ok.stdout == "cba\n" and ok.exit_code == 0
@@ -27,7 +27,7 @@ async def test_ok_error_timeout(sandbox_port: int) -> None:
 
 
 async def test_unreachable_sandbox_is_unavailable_within_deadline() -> None:
-    client = GrpcSandboxClient(f"127.0.0.1:{free_port()}", call_overhead_s=0.5)
+    client = SandboxClient(f"127.0.0.1:{free_port()}", call_overhead_s=0.5)
     start = time.perf_counter()
     with pytest.raises(SandboxUnavailable, match=r"UNAVAILABLE|DEADLINE_EXCEEDED"):
         await client.execute("print(1)", timeout_s=0.5)
@@ -50,7 +50,7 @@ async def test_wedged_sandbox_hits_the_call_deadline() -> None:
     sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(Wedged(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    client = GrpcSandboxClient(f"127.0.0.1:{port}", call_overhead_s=0.3)
+    client = SandboxClient(f"127.0.0.1:{port}", call_overhead_s=0.3)
     start = time.perf_counter()
     try:
         with pytest.raises(SandboxUnavailable, match="DEADLINE_EXCEEDED"):

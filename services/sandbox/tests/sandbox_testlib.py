@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +17,6 @@ import pytest
 from grpc import aio
 from rlfleet_core.server import RunningServer, ServerConfig, start_service
 from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
-from rlfleet_sandbox.client import ClientKeyInterceptor, new_client_key
 from rlfleet_sandbox.config import (
     IsolationConfig,
     PoolConfig,
@@ -35,6 +36,25 @@ ROOT_ONLY = pytest.mark.skipif(
     reason="checks the drop from root to TEST_UID (CI runs as root); as another user the "
     "sandboxes run under that user's uid",
 )
+
+
+def new_client_key() -> str:
+    """A fresh random client key, as a caller's client makes one
+    (rlfleet_contracts.sandbox_client derives one per session from its own)."""
+    return secrets.token_urlsafe(32)
+
+
+class ClientKeyInterceptor(aio.UnaryUnaryClientInterceptor):
+    """Adds `x-rlfleet-client-key` to every unary call of a channel."""
+
+    def __init__(self, client_key: str) -> None:
+        self._entry = (CLIENT_KEY_HEADER, client_key)
+
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], client_call_details: Any, request: Any
+    ) -> Any:
+        metadata = aio.Metadata(*(client_call_details.metadata or ()), self._entry)
+        return await continuation(client_call_details._replace(metadata=metadata), request)
 
 
 def sandbox_processes(uid: int = TEST_UID) -> list[tuple[int, str]]:

@@ -10,12 +10,12 @@ from typing import Any
 import grpc
 import pytest
 from rlfleet_proto.v1 import sandbox_pb2
-from rlfleet_sandbox.client import SandboxClient, new_client_key
 from sandbox_testlib import (
     Harness,
     client_http,
     client_stub,
     make_config,
+    new_client_key,
     start_harness,
     stop_harness,
 )
@@ -27,19 +27,17 @@ async def test_grpc_session_is_invisible_to_another_client(sandbox: Harness) -> 
     sid = (await sandbox.stub.CreateSession(sandbox_pb2.CreateSessionRequest())).session_id
     assert len(sid) == 32 and int(sid, 16) >= 0  # 128 random bits, not a counter
     assert (await sandbox.run("secret = 42", session_id=sid)).status == OK
-    other = SandboxClient(f"127.0.0.1:{sandbox.running.grpc_port}")
-    try:
-        assert other.client_key != sandbox.client_key
-        request = sandbox_pb2.ExecuteRequest(
-            language=sandbox_pb2.LANGUAGE_PYTHON, code="print(secret)", session_id=sid
-        )
-        with pytest.raises(grpc.aio.AioRpcError) as used:
-            await other.execute(request)
-        assert used.value.code() == grpc.StatusCode.NOT_FOUND
-        assert await other.close_session(sid) is False  # as for an id that never existed
-        # Its own session of the same id would be another session, not this one.
-    finally:
-        await other.close()
+    other = client_stub(sandbox.running, new_client_key())
+    request = sandbox_pb2.ExecuteRequest(
+        language=sandbox_pb2.LANGUAGE_PYTHON, code="print(secret)", session_id=sid
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as used:
+        await other.Execute(request)
+    assert used.value.code() == grpc.StatusCode.NOT_FOUND
+    # As for an id that never existed. Its own session of the same id would be another
+    # session, not this one.
+    closing_other = await other.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=sid))
+    assert closing_other.existed is False
     # A keyless caller knowing the id is in the keyless namespace: the keyed session is
     # not there (NOT_FOUND to use, existed=false to close).
     keyless = client_stub(sandbox.running, None)

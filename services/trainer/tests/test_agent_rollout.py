@@ -13,11 +13,13 @@ from typing import Any
 import grpc
 import pytest
 import torch
+from rlfleet_contracts.reward_client import RewardClient, RewardFailed
+from rlfleet_core.calls import CallRetry
 from rlfleet_trainer.agent.episodes import EpisodeClient
 from rlfleet_trainer.agent.rollout import AgentLimits, AgentRollout
 from rlfleet_trainer.agent.tool_format import HermesFormat
 from rlfleet_trainer.batch import Trajectory, build_train_batch
-from rlfleet_trainer.clients import CallRetry, RewardClient, RewardFailed, RolloutClient, Sampling
+from rlfleet_trainer.clients import RolloutClient, Sampling
 from rlfleet_trainer.data import Prompt
 from rlfleet_trainer.testing_agent import DoubleEpisodes, ScriptedRollout, serve_servicer
 
@@ -67,7 +69,7 @@ async def world(tokenizer: Any, scripts: list[list[str]], **limits: Any) -> Asyn
         serve_servicer(scripted) as rollout_target,
         serve_servicer(episodes) as reward_target,
     ):
-        rollout = RolloutClient(rollout_target, 30.0, 1 << 20, CallRetry(attempts=1))
+        rollout = RolloutClient(rollout_target, 30.0, CallRetry(attempts=1))
         reward = RewardClient(reward_target, 30.0, CallRetry(attempts=1))
         agent = AgentRollout(
             rollout,

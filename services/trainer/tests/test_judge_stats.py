@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from grpc import aio
+from rlfleet_contracts.judge_tally import JudgeTally, busy_seconds
+from rlfleet_contracts.reward_client import RewardClient
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
-from rlfleet_trainer.clients import RewardClient
-from rlfleet_trainer.judge_stats import JudgeTally, busy_seconds
 from rlfleet_trainer.loop import carry_failures
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlfleet_contracts.reward_client import RewardClient, ScoreGroupFailed
+from rlfleet_contracts.reward_client import BlockingRewardClient, RewardFailed
 from rlfleet_contracts.rows import DataError, Row, env_of, prompt_messages
 from rlfleet_core.auth import AuthError, auth_headers, is_loopback, token_from_env
 
@@ -226,14 +226,14 @@ class GroupScorer:
     """Rewards from the reward gateway's ScoreGroup (gRPC, with a deadline per call)."""
 
     def __init__(self, target: str, timeout_s: float) -> None:
-        self.client = RewardClient(target, timeout_s)
+        self.client = BlockingRewardClient(target, timeout_s)
 
     def __call__(self, row: Row, completions: Sequence[Completion]) -> list[float]:
         try:
             scores = self.client.score_group(
                 f"curriculum-{row.get('id', '?')}", env_of(row), row, completions
             )
-        except ScoreGroupFailed as exc:
+        except RewardFailed as exc:
             raise DataError(f"row {row.get('id', '?')} (env {env_of(row)}): {exc}") from None
         return [score.reward for score in scores]
 

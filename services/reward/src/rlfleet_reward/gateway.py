@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlfleet_contracts.sandbox_client import SandboxClient
+from rlfleet_contracts.swe_client import SweRunnerClient
 from rlfleet_core.errors import InvalidArgument
 
 from rlfleet_reward import metrics
@@ -34,8 +36,6 @@ from rlfleet_reward.limits import JsonCheck, check_size, check_text, clip, loads
 from rlfleet_reward.placement import InlineRunner, ThreadRunner, resolve
 from rlfleet_reward.pool import VerifierPool
 from rlfleet_reward.ray_pool import RayVerifierPool
-from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxClient
-from rlfleet_reward.swe_client import GrpcSweRunnerClient
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
 
 logger = logging.getLogger(__name__)
@@ -115,14 +115,14 @@ class Gateway:
         else:
             self.pool = VerifierPool(**pool_args)
         if sandbox is None and config.sandbox.target:
-            sandbox = GrpcSandboxClient(
+            sandbox = SandboxClient(
                 config.sandbox.target,
                 call_overhead_s=config.sandbox.call_overhead_s,
                 memory_bytes=config.sandbox.memory_bytes,
             )
         self.sandbox = sandbox
         self.swe_runner = (
-            GrpcSweRunnerClient(config.swe.target, call_overhead_s=config.swe.call_overhead_s)
+            SweRunnerClient(config.swe.target, call_overhead_s=config.swe.call_overhead_s)
             if config.swe.target
             else None
         )

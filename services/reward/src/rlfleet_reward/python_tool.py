@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rlfleet_reward.sandbox_client import (
+from rlfleet_contracts.sandbox_client import (
     ExecOutcome,
     ExecStatus,
     SandboxBusy,

@@ -12,6 +12,7 @@ import gc
 
 from fastapi import FastAPI
 from grpc import aio
+from rlfleet_contracts.sandbox_client import SandboxClient
 from rlfleet_core.server import BaseService, ServiceDefinition
 from rlfleet_proto import REWARD_SERVICE
 from rlfleet_proto.v1 import reward_pb2_grpc
@@ -22,7 +23,6 @@ from rlfleet_reward.gateway import Gateway
 from rlfleet_reward.grpc_face import RewardServicer
 from rlfleet_reward.http_face import add_routes
 from rlfleet_reward.row_check import check_row
-from rlfleet_reward.sandbox_client import SandboxClient
 
 
 class RewardService(BaseService):

@@ -31,12 +31,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from rlfleet_contracts.sandbox_client import SandboxBusy, SandboxClient, SandboxUnavailable
 from rlfleet_core.auth import CLIENT_KEY_HEADER, owner_of
 from rlfleet_core.errors import InvalidArgument
 
 from rlfleet_reward.gateway import Gateway
 from rlfleet_reward.python_tool import EPISODE_KEY, PythonToolSessions
-from rlfleet_reward.sandbox_client import GrpcSandboxClient, SandboxBusy, SandboxUnavailable
 
 SESSION_HEADER = "x-session-id"
 CALLER_COOKIE = "rlfleet_tool_caller"
@@ -92,7 +92,7 @@ def add_tool_routes(app: FastAPI, gateway: Gateway) -> None:
     def tool_sessions() -> PythonToolSessions | None:
         sandbox = gateway.config.sandbox
         if not sessions and sandbox.target:
-            client = GrpcSandboxClient(
+            client = SandboxClient(
                 sandbox.target,
                 call_overhead_s=sandbox.call_overhead_s,
                 memory_bytes=sandbox.memory_bytes,

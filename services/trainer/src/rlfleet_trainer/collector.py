@@ -25,17 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.reward_client import RewardClient, RewardFailed
 from rlfleet_proto.v1 import rollout_pb2
 
 from rlfleet_trainer.agent.rollout import AgentRollout, build_agent
 from rlfleet_trainer.batch import Trajectory
-from rlfleet_trainer.clients import (
-    GenerationFailed,
-    RewardClient,
-    RewardFailed,
-    RolloutClient,
-    Sampling,
-)
+from rlfleet_trainer.clients import GenerationFailed, RolloutClient, Sampling
 from rlfleet_trainer.data import Prompt, PromptSource
 from rlfleet_trainer.ledger import LedgerEntry
 from rlfleet_trainer.replay import PromptGroup, ReplayBuffer

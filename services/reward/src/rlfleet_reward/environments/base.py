@@ -41,7 +41,7 @@ class RunContext(Protocol):
         """Score with another environment, wherever it runs (for wrappers)."""
 
     def sandbox(self) -> Any:
-        """The sandbox client (rlfleet_reward.sandbox_client.SandboxClient), or None."""
+        """The sandbox client (rlfleet_contracts.sandbox_client.SandboxClient), or None."""
 
     def judge(self) -> Any:
         """The gateway's judge client (rlfleet_reward.judge.client.JudgeClient), or None

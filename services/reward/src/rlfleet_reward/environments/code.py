@@ -42,8 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rlfleet_contracts.sandbox_client import ExecOutcome, ExecStatus, SandboxUnavailable
+
 from rlfleet_reward.environments.base import Environment, RunContext, optional_bool, optional_number
-from rlfleet_reward.sandbox_client import ExecOutcome, ExecStatus, SandboxUnavailable
 from rlfleet_reward.text import extract_code
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure, scored
 

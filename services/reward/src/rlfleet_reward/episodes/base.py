@@ -47,10 +47,10 @@ class EpisodeContext(Protocol):
     idle_timeout_s: float
 
     def sandbox(self) -> Any:
-        """The gateway's sandbox client (GrpcSandboxClient), or None when not configured."""
+        """The gateway's sandbox client (SandboxClient), or None when not configured."""
 
     def swe_runner(self) -> Any:
-        """The gateway's swe-runner client (GrpcSweRunnerClient), or None when not configured."""
+        """The gateway's swe-runner client (SweRunnerClient), or None when not configured."""
 
     @property
     def swe(self) -> Any:

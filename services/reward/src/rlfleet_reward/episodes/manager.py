@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+from rlfleet_contracts.sandbox_client import SandboxBusy, SandboxUnavailable
 from rlfleet_core.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 
 from rlfleet_reward import metrics
@@ -32,7 +33,6 @@ from rlfleet_reward.episodes.base import EpisodeEnvironment, Tool, ToolError
 from rlfleet_reward.episodes.tools import row_tools
 from rlfleet_reward.gateway import EnvironmentInfo, Gateway
 from rlfleet_reward.limits import clip, loads
-from rlfleet_reward.sandbox_client import SandboxBusy, SandboxUnavailable
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure
 
 logger = logging.getLogger(__name__)

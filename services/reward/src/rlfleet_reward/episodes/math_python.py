@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rlfleet_contracts.sandbox_client import ExecStatus, SandboxUnavailable, SessionGone
+
 from rlfleet_reward.environments.base import choice, require_str
 from rlfleet_reward.environments.math import EXTRACTION_MODES, MathSpec
 from rlfleet_reward.episodes.base import (
@@ -30,7 +32,6 @@ from rlfleet_reward.episodes.base import (
     ToolError,
 )
 from rlfleet_reward.python_tool import tool_answer
-from rlfleet_reward.sandbox_client import ExecStatus, SandboxUnavailable, SessionGone
 from rlfleet_reward.types import RowError, Sample, Score
 
 _CALL_OVERHEAD_S = 5.0

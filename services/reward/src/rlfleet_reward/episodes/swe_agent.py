@@ -23,6 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from rlfleet_contracts.swe_client import (
+    SweRunnerClient,
+    SweRunnerUnavailable,
+    SweSessionGone,
+    SweToolRefused,
+)
 from rlfleet_proto.v1 import swe_pb2
 
 from rlfleet_reward.environments.base import optional_str, require_str
@@ -32,12 +38,6 @@ from rlfleet_reward.episodes.base import (
     EpisodeEnvironment,
     Tool,
     ToolError,
-)
-from rlfleet_reward.swe_client import (
-    GrpcSweRunnerClient,
-    SweRunnerUnavailable,
-    SweSessionGone,
-    SweToolRefused,
 )
 from rlfleet_reward.types import FailureKind, RowError, Sample, Score, failure, scored
 
@@ -136,11 +136,11 @@ def _tests(row: Mapping[str, Any], key: str, required: bool) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _runner(ctx: EpisodeContext) -> GrpcSweRunnerClient:
+def _runner(ctx: EpisodeContext) -> SweRunnerClient:
     runner = ctx.swe_runner()
     if runner is None:
         raise SweRunnerUnavailable("no swe-runner is configured (reward config swe.target)")
-    assert isinstance(runner, GrpcSweRunnerClient)
+    assert isinstance(runner, SweRunnerClient)
     return runner
 
 

@@ -56,6 +56,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rlfleet_contracts.sandbox_client import ExecStatus, SandboxUnavailable
+
 from rlfleet_reward.environments.base import require_str
 from rlfleet_reward.episodes.base import (
     CallOutcome,
@@ -64,7 +66,6 @@ from rlfleet_reward.episodes.base import (
     Tool,
     ToolError,
 )
-from rlfleet_reward.sandbox_client import ExecStatus, SandboxUnavailable
 from rlfleet_reward.types import RowError, Sample, Score, scored
 
 _CALL_OVERHEAD_S = 5.0

@@ -10,10 +10,10 @@ import secrets
 from typing import Any
 
 from grpc import aio
+from rlfleet_contracts.reward_client import RewardClient, RewardFailed, Score
 from rlfleet_core.auth import CLIENT_KEY_HEADER
+from rlfleet_core.calls import TRANSIENT_CODES
 from rlfleet_proto.v1 import reward_pb2
-
-from rlfleet_trainer.clients import TRANSIENT_CODES, RewardClient, RewardFailed, Score
 
 logger = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from typing import Any
 from rlfleet_contracts.multiturn import MultiTurnConfig
 from rlfleet_contracts.reasoning import row_template_kwargs
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.reward_client import RewardClient, RewardFailed
 from rlfleet_core.tool_calls import ParsedCall
 from rlfleet_proto.v1 import reward_pb2, rollout_pb2
 
@@ -44,13 +45,7 @@ from rlfleet_trainer.agent.tool_format import (
     tool_call_format,
 )
 from rlfleet_trainer.batch import Trajectory
-from rlfleet_trainer.clients import (
-    GenerationFailed,
-    RewardClient,
-    RewardFailed,
-    RolloutClient,
-    Sampling,
-)
+from rlfleet_trainer.clients import GenerationFailed, RolloutClient, Sampling
 from rlfleet_trainer.data import Prompt, row_messages
 
 TURN_SEED_STRIDE = 1_000_003

@@ -1,20 +1,22 @@
-"""The `code` environment's view of the sandbox service: one method, behind a Protocol.
+"""The rlfleet.v1.SandboxService contract on the caller's side: `SandboxClient` runs
+programs (Execute) and stateful sessions, and returns typed outcomes or raises.
 
-`GrpcSandboxClient` calls rlfleet.v1.SandboxService.Execute with a deadline on every call
-(the program's own time limit plus a fixed allowance for start-up and transfer), so a
-wedged sandbox costs one bounded wait, never a hung reward call (NeMo-RL PR #3666).
-Transport failures become `SandboxUnavailable`, which the environment reports as a
-SANDBOX_ERROR failure rather than as a wrong program.
+Every call has a deadline (the program's own time limit plus a fixed allowance for
+start-up and transfer), so a wedged sandbox costs one bounded wait, never a hung reward
+call (NeMo-RL PR #3666). Failures go through `rlfleet_core.calls`'s one classification:
+`SandboxBusy` when the sandbox refuses a new session for its limits, `SessionGone` when a
+named session no longer exists, `SandboxUnavailable` (their base) for everything else. The
+reward gateway reports these as a SANDBOX_ERROR failure rather than as a wrong program.
 
-Stateful sessions (the `math_with_code` tool, python_tool.py; `math_python` episodes)
-each belong to a sandbox client key of their own, HMAC(this client's secret, a random
-label), sent as `x-rlfleet-client-key` metadata. The handle `create_session` returns is
+Stateful sessions (the `math_with_code` tool, `math_python` episodes) each belong to a
+sandbox client key of their own, HMAC(this client's secret, a random label), sent as
+`x-rlfleet-client-key` metadata. The handle `create_session` returns is
 "<label>.<sandbox session id>": every later call derives that session's key from it, so
 nothing is stored per session, and a handle is useless without this client's secret
 (random per client unless one is given). One key per session means the sandbox's
-per-client quota (`sessions.max_sessions_per_client`) never caps the gateway as a whole:
-the gateway's episodes are many clients to the sandbox, bounded together by the
-sandbox's `sessions.max_sessions` (a refusal is SandboxBusy) and by the gateway's own caps.
+per-client quota (`sessions.max_sessions_per_client`) never caps a caller as a whole: its
+sessions are many clients to the sandbox, bounded together by the sandbox's
+`sessions.max_sessions` (a refusal is SandboxBusy) and by the caller's own caps.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-import grpc
 from grpc import aio
+from rlfleet_core.auth import CLIENT_KEY_HEADER
+from rlfleet_core.calls import CallFailed, Endpoint, Failure, RpcFailure
 from rlfleet_core.client import RetryPolicy, connect
 from rlfleet_proto.v1 import sandbox_pb2, sandbox_pb2_grpc
 
@@ -63,7 +65,7 @@ class ExecOutcome:
     wall_time_s: float
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(CallFailed):
     """The sandbox could not run the program (unreachable, deadline, internal error)."""
 
 
@@ -75,19 +77,21 @@ class SandboxBusy(SandboxUnavailable):
     """The sandbox refused a new session: its session limits are reached (retry later)."""
 
 
-CLIENT_KEY_METADATA = "x-rlfleet-client-key"
+CLIENT_KEY_METADATA = CLIENT_KEY_HEADER
 _LABEL = re.compile(r"^[0-9a-f]{32}$")
 
 
-class SandboxClient(Protocol):
-    async def execute(self, code: str, *, stdin: str = "", timeout_s: float) -> ExecOutcome:
-        """Run a Python program; `timeout_s` is its wall-clock limit."""
-
-    async def close(self) -> None: ...
+def new_client_key() -> str:
+    """A fresh random client key (256 bits)."""
+    return secrets.token_urlsafe(32)
 
 
-class GrpcSandboxClient:
-    """SandboxClient over gRPC (rlfleet.v1.SandboxService)."""
+def _unavailable(rpc: RpcFailure) -> SandboxUnavailable:
+    return SandboxUnavailable(rpc.message, transient=rpc.transient, rpc=rpc)
+
+
+class SandboxClient:
+    """rlfleet.v1.SandboxService over gRPC, as one client (one secret)."""
 
     def __init__(
         self,
@@ -99,7 +103,7 @@ class GrpcSandboxClient:
         client_key: str | None = None,
     ) -> None:
         self.target = target
-        self._secret = (client_key or secrets.token_urlsafe(32)).encode()
+        self._secret = (client_key or new_client_key()).encode()
         self._metadata = self._key_metadata("")
         self.call_overhead_s = call_overhead_s
         self.memory_bytes = memory_bytes
@@ -107,7 +111,9 @@ class GrpcSandboxClient:
         self._channel: aio.Channel = connect(
             target, default_timeout_s=30.0, retry=RetryPolicy(max_attempts=3)
         )
-        self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        self._endpoint = Endpoint(
+            "sandbox", target, sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        )
 
     def _key_metadata(self, label: str) -> tuple[tuple[str, str], ...]:
         """Metadata carrying the client key of session `label` ("" = sessionless calls)."""
@@ -121,6 +127,13 @@ class GrpcSandboxClient:
             raise SessionGone(f"sandbox session {handle[:80]!r} is not one this client opened")
         return session_id, self._key_metadata(label)
 
+    def _limits(self, timeout_s: float) -> sandbox_pb2.Limits:
+        return sandbox_pb2.Limits(
+            timeout_s=timeout_s,
+            memory_bytes=self.memory_bytes,
+            max_output_bytes=self.max_output_bytes,
+        )
+
     async def execute(
         self,
         code: str,
@@ -130,9 +143,9 @@ class GrpcSandboxClient:
         session_id: str = "",
         files: Sequence[tuple[str, bytes, bool]] = (),
     ) -> ExecOutcome:
-        """Run `code` (inside session `session_id`, a `create_session` handle, when given:
-        SessionGone if it is gone), with `files` (path, content, executable) written into
-        its work dir first."""
+        """Run a Python program (`timeout_s`: its wall-clock limit) inside session
+        `session_id`, a `create_session` handle, when given (SessionGone if it is gone),
+        with `files` (path, content, executable) written into its work dir first."""
         metadata = self._metadata
         handle = session_id
         if handle:
@@ -142,23 +155,22 @@ class GrpcSandboxClient:
             code=code,
             stdin=stdin,
             files=[sandbox_pb2.File(path=p, content=c, executable=x) for p, c, x in files],
-            limits=sandbox_pb2.Limits(
-                timeout_s=timeout_s,
-                memory_bytes=self.memory_bytes,
-                max_output_bytes=self.max_output_bytes,
-            ),
+            limits=self._limits(timeout_s),
             session_id=session_id,
         )
-        try:
-            reply = await self._stub.Execute(
-                request, timeout=timeout_s + self.call_overhead_s, metadata=metadata
-            )
-        except aio.AioRpcError as exc:
-            if handle and exc.code() is grpc.StatusCode.NOT_FOUND:
-                raise SessionGone(f"sandbox session {handle} is gone: {exc.details()}") from None
-            raise SandboxUnavailable(
-                f"sandbox {self.target} Execute failed: {exc.code().name}: {exc.details()}"
-            ) from None
+
+        def failed(rpc: RpcFailure) -> SandboxUnavailable:
+            if handle and rpc.failure is Failure.GONE:
+                return SessionGone(f"sandbox session {handle} is gone: {rpc.details}", rpc=rpc)
+            return _unavailable(rpc)
+
+        reply = await self._endpoint.call(
+            "Execute",
+            request,
+            timeout_s=timeout_s + self.call_overhead_s,
+            metadata=metadata,
+            failed=failed,
+        )
         status = _FROM_PROTO.get(reply.status, ExecStatus.SANDBOX_ERROR)
         return ExecOutcome(status, reply.stdout, reply.stderr, reply.exit_code, reply.wall_time_s)
 
@@ -168,25 +180,22 @@ class GrpcSandboxClient:
         SandboxBusy when the sandbox's session limits are reached."""
         label = secrets.token_hex(16)
         request = sandbox_pb2.CreateSessionRequest(
-            limits=sandbox_pb2.Limits(
-                timeout_s=timeout_s,
-                memory_bytes=self.memory_bytes,
-                max_output_bytes=self.max_output_bytes,
-            ),
-            idle_timeout_s=idle_timeout_s,
+            limits=self._limits(timeout_s), idle_timeout_s=idle_timeout_s
         )
-        try:
-            # Starting a session starts its sandbox: allow for it like for a program start.
-            reply = await self._stub.CreateSession(
-                request,
-                timeout=self.call_overhead_s + timeout_s,
-                metadata=self._key_metadata(label),
-            )
-        except aio.AioRpcError as exc:
-            kind = SandboxBusy if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED else None
-            raise (kind or SandboxUnavailable)(
-                f"sandbox {self.target} CreateSession failed: {exc.code().name}: {exc.details()}"
-            ) from None
+
+        def failed(rpc: RpcFailure) -> SandboxUnavailable:
+            if rpc.failure is Failure.BUSY:
+                return SandboxBusy(rpc.message, transient=True, rpc=rpc)
+            return _unavailable(rpc)
+
+        # Starting a session starts its sandbox: allow for it like for a program start.
+        reply = await self._endpoint.call(
+            "CreateSession",
+            request,
+            timeout_s=self.call_overhead_s + timeout_s,
+            metadata=self._key_metadata(label),
+            failed=failed,
+        )
         return f"{label}.{reply.session_id}"
 
     async def close_session(self, session_id: str) -> bool:
@@ -195,16 +204,13 @@ class GrpcSandboxClient:
             sandbox_id, metadata = self._open_handle(session_id)
         except SessionGone:
             return False
-        try:
-            reply = await self._stub.CloseSession(
-                sandbox_pb2.CloseSessionRequest(session_id=sandbox_id),
-                timeout=self.call_overhead_s,
-                metadata=metadata,
-            )
-        except aio.AioRpcError as exc:
-            raise SandboxUnavailable(
-                f"sandbox {self.target} CloseSession failed: {exc.code().name}: {exc.details()}"
-            ) from None
+        reply = await self._endpoint.call(
+            "CloseSession",
+            sandbox_pb2.CloseSessionRequest(session_id=sandbox_id),
+            timeout_s=self.call_overhead_s,
+            metadata=metadata,
+            failed=_unavailable,
+        )
         return bool(reply.existed)
 
     async def close(self) -> None:

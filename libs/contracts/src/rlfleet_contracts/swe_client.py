@@ -1,29 +1,34 @@
-"""The `swe_agent` episode environment's view of the swe-runner service.
+"""The rlfleet.v1.SweRunnerService contract on the caller's side (the reward gateway's
+`swe_agent` episodes): `SweRunnerClient` opens repository sessions, runs tool calls in
+them, closes them, and evaluates a patch.
 
-`GrpcSweRunnerClient` calls rlfleet.v1.SweRunnerService with a deadline on every call (the
-work's own time limit plus `swe.call_overhead_s` for container start-up and transfer), so
-a wedged runner costs one bounded wait. Transport failures and the runner's own errors
-become `SweRunnerUnavailable` (a `SandboxUnavailable`: the episode manager reports it as
-an error result on Step, UNAVAILABLE on OpenEpisode and a SANDBOX_ERROR failure on
-CloseEpisode, never as a wrong patch). Sessions belong to the client key this client sends
-as `x-rlfleet-client-key` (a random secret per client), so no other caller reaches them.
+Every call has a deadline (the work's own time limit plus `call_overhead_s` for container
+start-up and transfer), so a wedged runner costs one bounded wait. Failures go through
+`rlfleet_core.calls`'s one classification, onto the sandbox contract's classes (the
+gateway handles both alike): `SweRunnerBusy`, `SweSessionGone`, `SweRunnerUnavailable`
+(a `SandboxUnavailable`: an error result on Step, UNAVAILABLE on OpenEpisode and a
+SANDBOX_ERROR failure on CloseEpisode, never a wrong patch), and `SweToolRefused` for a
+malformed tool call or session. Sessions belong to the client key this client sends as
+`x-rlfleet-client-key` (a random secret per client), so no other caller reaches them.
 """
 
 from __future__ import annotations
 
-import secrets
+import contextlib
 from collections.abc import Sequence
+from typing import Any
 
-import grpc
 from grpc import aio
+from rlfleet_core.calls import Endpoint, Failure, RpcFailure
 from rlfleet_core.client import RetryPolicy, connect
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
 
-from rlfleet_reward.sandbox_client import (
+from rlfleet_contracts.sandbox_client import (
     CLIENT_KEY_METADATA,
     SandboxBusy,
     SandboxUnavailable,
     SessionGone,
+    new_client_key,
 )
 
 
@@ -41,10 +46,25 @@ class SweSessionGone(SessionGone):
 
 class SweToolRefused(ValueError):
     """The runner refused the call as malformed (INVALID_ARGUMENT): the policy's fault on
-    RunSweTool, the row's on OpenSweSession (an image that does not start)."""
+    RunSweTool, the row's on OpenSweSession (an image that does not start). The message
+    is the runner's own, which names the field."""
 
 
-class GrpcSweRunnerClient:
+_REFUSABLE = ("RunSweTool", "OpenSweSession")
+"""The calls whose INVALID_ARGUMENT is the request's fault; on the others it is the runner's."""
+
+
+def _failed(rpc: RpcFailure) -> Exception:
+    if rpc.failure is Failure.BUSY:
+        return SweRunnerBusy(rpc.message, transient=True, rpc=rpc)
+    if rpc.failure is Failure.GONE:
+        return SweSessionGone(rpc.message, rpc=rpc)
+    if rpc.failure is Failure.REFUSED and rpc.method in _REFUSABLE:
+        return SweToolRefused(rpc.details)
+    return SweRunnerUnavailable(rpc.message, transient=rpc.transient, rpc=rpc)
+
+
+class SweRunnerClient:
     def __init__(
         self,
         target: str,
@@ -54,24 +74,17 @@ class GrpcSweRunnerClient:
     ) -> None:
         self.target = target
         self.call_overhead_s = call_overhead_s
-        self._metadata = ((CLIENT_KEY_METADATA, client_key or secrets.token_urlsafe(32)),)
+        self._metadata = ((CLIENT_KEY_METADATA, client_key or new_client_key()),)
         self._channel: aio.Channel = connect(
             target, default_timeout_s=60.0, retry=RetryPolicy(max_attempts=3)
         )
-        self._stub = swe_pb2_grpc.SweRunnerServiceStub(self._channel)
+        stub = swe_pb2_grpc.SweRunnerServiceStub(self._channel)
+        self._endpoint = Endpoint("swe-runner", target, stub)
 
-    def _failed(self, call: str, exc: aio.AioRpcError) -> Exception:
-        said = f"swe-runner {self.target} {call} failed: {exc.code().name}: {exc.details()}"
-        if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return SweRunnerBusy(said)
-        if exc.code() is grpc.StatusCode.NOT_FOUND:
-            return SweSessionGone(said)
-        if exc.code() is grpc.StatusCode.INVALID_ARGUMENT and call in (
-            "RunSweTool",
-            "OpenSweSession",
-        ):
-            return SweToolRefused(str(exc.details()))
-        return SweRunnerUnavailable(said)
+    async def _call(self, method: str, request: Any, timeout_s: float) -> Any:
+        return await self._endpoint.call(
+            method, request, timeout_s=timeout_s, metadata=self._metadata, failed=_failed
+        )
 
     async def open_session(
         self,
@@ -91,12 +104,7 @@ class GrpcSweRunnerClient:
             memory_bytes=memory_bytes,
             idle_timeout_s=idle_timeout_s,
         )
-        try:
-            reply = await self._stub.OpenSweSession(
-                request, timeout=self.call_overhead_s, metadata=self._metadata
-            )
-        except aio.AioRpcError as exc:
-            raise self._failed("OpenSweSession", exc) from None
+        reply = await self._call("OpenSweSession", request, self.call_overhead_s)
         return str(reply.session_id)
 
     async def run_tool(
@@ -120,24 +128,15 @@ class GrpcSweRunnerClient:
             new_str=new_str,
             timeout_s=timeout_s,
         )
-        try:
-            reply: swe_pb2.SweRunToolReply = await self._stub.RunSweTool(
-                request, timeout=timeout_s + self.call_overhead_s, metadata=self._metadata
-            )
-        except aio.AioRpcError as exc:
-            raise self._failed("RunSweTool", exc) from None
+        reply: swe_pb2.SweRunToolReply = await self._call(
+            "RunSweTool", request, timeout_s + self.call_overhead_s
+        )
         return reply
 
     async def close_session(self, session_id: str) -> None:
-        try:
-            await self._stub.CloseSweSession(
-                swe_pb2.SweCloseSessionRequest(session_id=session_id),
-                timeout=self.call_overhead_s,
-                metadata=self._metadata,
-            )
-        except aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.NOT_FOUND:  # gone already: nothing to free
-                raise self._failed("CloseSweSession", exc) from None
+        request = swe_pb2.SweCloseSessionRequest(session_id=session_id)
+        with contextlib.suppress(SweSessionGone):  # gone already: nothing to free
+            await self._call("CloseSweSession", request, self.call_overhead_s)
 
     async def evaluate(
         self,
@@ -165,12 +164,9 @@ class GrpcSweRunnerClient:
             timeout_s=timeout_s,
             memory_bytes=memory_bytes,
         )
-        try:
-            result: swe_pb2.EvaluateResult = await self._stub.Evaluate(
-                request, timeout=timeout_s + self.call_overhead_s, metadata=self._metadata
-            )
-        except aio.AioRpcError as exc:
-            raise self._failed("Evaluate", exc) from None
+        result: swe_pb2.EvaluateResult = await self._call(
+            "Evaluate", request, timeout_s + self.call_overhead_s
+        )
         return result
 
     async def close(self) -> None:

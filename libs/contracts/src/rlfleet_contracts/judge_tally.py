@@ -1,11 +1,11 @@
-"""The GenRM's throughput as the trainer sees it: judge comparisons per second of the
-time a judged ScoreGroup was in flight.
+"""The GenRM's throughput as a reward client sees it: judge comparisons per second of
+the time a judged ScoreGroup was in flight (the trainer's `genrm/*` metrics).
 
 The reward gateway reports in each result's `info.judge_calls` how many comparisons its
 group asked the judge (those answered from the gateway's cache not counted);
-`RewardClient` records them with the call's start and end. Groups are scored
-concurrently, so the busy time is the length of the union of those intervals, not their
-sum: comparisons / busy time is the rate the judge kept up while it had work.
+`reward_client.RewardClient` records them with the call's start and end. Groups are
+scored concurrently, so the busy time is the length of the union of those intervals, not
+their sum: comparisons / busy time is the rate the judge kept up while it had work.
 """
 
 from __future__ import annotations
