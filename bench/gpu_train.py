@@ -92,7 +92,7 @@ def synthetic_batch(vocab: int, global_batch: int, seq_len: int):  # type: ignor
 def bench_model(
     name: str, args: argparse.Namespace, peak: float, folder: Path
 ) -> dict[str, object]:
-    from rlfleet_trainer.algorithms import LossConfig
+    from rlfleet_contracts.recipe import GRPOConfig
     from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
 
     path, params, non_embedding = build_model_folder(name, args.seq_len, folder)
@@ -110,7 +110,7 @@ def bench_model(
         policy.model.to(torch.bfloat16)
         policy.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-6, fused=True)
     batch = synthetic_batch(CONFIGS[name]["vocab_size"], args.global_batch, args.seq_len)
-    loss = LossConfig(force_on_policy_ratio=True)
+    loss = GRPOConfig(force_on_policy_ratio=True)
     policy.train_step(batch, loss)  # warm-up (allocator, kernels)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -123,7 +123,7 @@ def stage_command(
 def _stage(
     services: tuple[str, str, Path], run_dir: Path, ranks: int, crash_at: str | None = None
 ) -> str:
-    from rlfleet_trainer.loop import CRASH_ENV
+    from rlfleet_trainer.faults import CRASH_ENV
 
     command = stage_command(
         services, run_dir, [f"policy.data_parallel_size={ranks}", "policy.max_restarts=1"]

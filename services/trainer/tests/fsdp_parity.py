@@ -20,14 +20,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron_parity import parity_batch  # this folder: on sys.path as the script's own
-from rlfleet_trainer.algorithms import LossConfig
-from rlfleet_trainer.algorithms.dpo import DPOLossConfig, TrainLoss
+from rlfleet_contracts.preference import DPOConfig
+from rlfleet_contracts.recipe import GRPOConfig
+from rlfleet_trainer.algorithms.dpo import TrainLoss
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
 from rlfleet_trainer.batch import TrainBatch
 from rlfleet_trainer.dpo import TokenizedPair, attach_reference_logprobs, build_pair_batch
 
-LOSS = LossConfig(importance_sampling="tis")
-DPO_LOSS = DPOLossConfig(beta=0.5, label_smoothing=0.1)
+LOSS = GRPOConfig(importance_sampling="tis")
+DPO_LOSS = DPOConfig(beta=0.5, label_smoothing=0.1)
 
 
 def dpo_batch() -> TrainBatch:

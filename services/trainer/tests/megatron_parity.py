@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 
 import torch
-from rlfleet_trainer.algorithms import LossConfig
+from rlfleet_contracts.recipe import GRPOConfig
 from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
 
-LOSS = LossConfig(importance_sampling="tis", ratio_clip_c=3.0)
+LOSS = GRPOConfig(importance_sampling="tis", ratio_clip_c=3.0)
 
 
 def parity_batch(vocab: int) -> TrainBatch:

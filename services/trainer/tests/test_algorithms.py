@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
+from rlfleet_contracts.recipe import GRPOConfig
 from rlfleet_trainer.algorithms import (
-    LossConfig,
     LossInputs,
     aggregate_loss,
     clipped_surrogate,
@@ -153,7 +153,7 @@ def test_gspo_sequence_ratio_and_gradient() -> None:
     close(gspo_log_ratio(logprobs, prev, mask), [[0.3, 0.3]])
     # A = −1: L_t = max(1.349859, 1.28) = 1.349859; token mean over 2 tokens = 1.349859.
     # dL/dx_t = (1/2)·Σ_t' r·(1/2) = r/2 = 0.674929 for both tokens.
-    config = LossConfig(sequence_level_ratio=True, importance_sampling="none")
+    config = GRPOConfig(sequence_level_importance_ratios=True, importance_sampling="none")
     out = compute_policy_loss(
         LossInputs(logprobs, prev, torch.tensor([-1.0]), mask, prev_logprobs_BT=prev), config, 2, 1
     )
@@ -170,12 +170,12 @@ def test_policy_loss_on_policy_token_and_sequence_level() -> None:
     logprobs = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     inputs = LossInputs(logprobs, logprobs.detach().clone(), torch.tensor([1.0, -1.0]), mask)
-    out = compute_policy_loss(inputs, LossConfig(force_on_policy_ratio=True), 3, 2)
+    out = compute_policy_loss(inputs, GRPOConfig(force_on_policy_ratio=True), 3, 2)
     close(out.loss, -1 / 3)
     out.loss.backward()
     assert logprobs.grad is not None
     close(logprobs.grad, [[-1 / 3, -1 / 3], [1 / 3, 0.0]])
-    seq = compute_policy_loss(inputs, LossConfig(loss_level="sequence"), 3, 2)
+    seq = compute_policy_loss(inputs, GRPOConfig(loss_level="sequence"), 3, 2)
     close(seq.loss, 0.0)
 
 
@@ -185,9 +185,9 @@ def test_force_on_policy_ignores_prev_logprobs() -> None:
     logprobs = torch.tensor([[-1.0]])
     prev = torch.tensor([[-1.5]])
     inputs = LossInputs(logprobs, logprobs, torch.tensor([1.0]), torch.ones(1, 1), prev)
-    forced = LossConfig(force_on_policy_ratio=True, importance_sampling="none")
+    forced = GRPOConfig(force_on_policy_ratio=True, importance_sampling="none")
     close(compute_policy_loss(inputs, forced, 1, 1).loss, -1.0)
-    off = LossConfig(importance_sampling="none")
+    off = GRPOConfig(importance_sampling="none")
     close(compute_policy_loss(inputs, off, 1, 1).loss, -1.28)
 
 
@@ -197,7 +197,7 @@ def test_loss_applies_truncated_importance_weights() -> None:
     prev = torch.tensor([[-1.0, -1.0]])
     gen = torch.tensor([[-1.5, -3.0]])
     inputs = LossInputs(prev.clone(), gen, torch.tensor([1.0]), torch.ones(1, 2), prev)
-    out = compute_policy_loss(inputs, LossConfig(importance_sampling="tis"), 2, 1)
+    out = compute_policy_loss(inputs, GRPOConfig(importance_sampling="tis"), 2, 1)
     close(out.loss, -(math.exp(0.5) + 5) / 2)
     # one of two tokens out of bounds; token_mult_prob_error = (e^0.5 + e^2)/2 = 4.518889
     assert out.metrics["is_oob_ratio"] == pytest.approx(0.5)
@@ -209,12 +209,12 @@ def test_loss_with_kl_penalty_and_on_policy_approximation() -> None:
     # β = 0.1: L = 0.0367879.
     lp = torch.tensor([[-1.0]])
     inputs = LossInputs(lp, lp, torch.tensor([0.0]), torch.ones(1, 1), lp, torch.tensor([[-2.0]]))
-    out = compute_policy_loss(inputs, LossConfig(kl_coef=0.1, kl_type="k3"), 1, 1)
+    out = compute_policy_loss(inputs, GRPOConfig(kl_coef=0.1, kl_type="k3"), 1, 1)
     close(out.loss, 0.1 * math.exp(-1))
     assert out.metrics["kl"] == pytest.approx(math.exp(-1))
     # On-policy approximation weights KL by exp(logπ_θ − logπ_gen) = exp(−1 − (−1.5)) = e^0.5
     inputs.generation_logprobs_BT = torch.tensor([[-1.5]])
-    cfg = LossConfig(kl_coef=0.1, use_on_policy_kl_approximation=True, importance_sampling="none")
+    cfg = GRPOConfig(kl_coef=0.1, use_on_policy_kl_approximation=True, importance_sampling="none")
     close(compute_policy_loss(inputs, cfg, 1, 1).loss, 0.1 * math.exp(-1) * math.exp(0.5))
 
 
@@ -225,7 +225,7 @@ def test_seq_logprob_error_masks_whole_sample_in_loss() -> None:
     prev = torch.tensor([[-1.0], [-1.0]])
     gen = torch.tensor([[-1.0], [-3.0]])
     inputs = LossInputs(prev.clone(), gen, torch.tensor([1.0, 1.0]), torch.ones(2, 1), prev)
-    cfg = LossConfig(importance_sampling="none", seq_logprob_error_threshold=2.0)
+    cfg = GRPOConfig(importance_sampling="none", seq_logprob_error_threshold=2.0)
     out = compute_policy_loss(inputs, cfg, 2, 2)
     close(out.loss, -0.5)
     assert out.metrics["masked_sequence_fraction"] == pytest.approx(0.5)
@@ -322,7 +322,7 @@ def test_clip_fraction_metrics() -> None:
         prev.T.contiguous(),
         entropy_BT=torch.tensor([[1.0], [2.0], [3.0], [4.0]]),
     )
-    cfg = LossConfig(importance_sampling="none", ratio_clip_c=3.0)
+    cfg = GRPOConfig(importance_sampling="none", ratio_clip_c=3.0)
     m = compute_policy_loss(inputs, cfg, 4, 4).metrics
     assert m["clip_fraction/low"] == pytest.approx(0.25)
     assert m["clip_fraction/high"] == pytest.approx(0.25)
@@ -333,7 +333,10 @@ def test_clip_fraction_metrics() -> None:
 
 def test_unknown_loss_level_rejected() -> None:
     with pytest.raises(ValueError, match="loss_level"):
-        LossConfig(loss_level="bogus")
+        GRPOConfig.model_validate({"loss_level": "bogus"})
+    one = torch.ones(1, 1)
+    with pytest.raises(ValueError, match="unknown loss_level 'bogus'"):
+        aggregate_loss(one, one, "bogus", 1, 1)
 
 
 # --- filters ----------------------------------------------------------------------------

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlfleet_contracts.preference import parse_preference_pair
+from rlfleet_contracts.preference import DPOConfig, parse_preference_pair
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.models import resolve_model
 from rlfleet_core.ports import pick_free_port
-from rlfleet_trainer.algorithms.dpo import DPOLossConfig, compute_dpo_loss, sequence_logprobs
+from rlfleet_trainer.algorithms.dpo import compute_dpo_loss, sequence_logprobs
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
 from rlfleet_trainer.dpo import (
     TokenizedPair,
@@ -32,7 +32,7 @@ REF_BT = torch.tensor([[-1.2, -2.3, 0.0, 0.0], [-1.0, -2.0, -1.0, 0.0]])
 MASK_BT = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
 
 
-def _loss(config: DPOLossConfig, ref: torch.Tensor | None = REF_BT) -> float:
+def _loss(config: DPOConfig, ref: torch.Tensor | None = REF_BT) -> float:
     return compute_dpo_loss(LOGPROBS_BT, MASK_BT, ref, config, 1.0).metrics["loss"]
 
 
@@ -54,13 +54,13 @@ def test_dpo_losses_match_hand_computed_values() -> None:
     reference-free sigmoid, β = 0.1:  z = 0.1 · (−3 − (−5)) = 0.2
         L = log(1 + e^−0.2) = 0.5981389
     """
-    assert _loss(DPOLossConfig(beta=0.1)) == pytest.approx(0.6209570, abs=1e-6)
-    assert _loss(DPOLossConfig(beta=0.1, label_smoothing=0.1)) == pytest.approx(0.6359570, abs=1e-6)
-    assert _loss(DPOLossConfig(beta=0.1, loss_type="ipo")) == pytest.approx(12.25, abs=1e-5)
-    simpo = DPOLossConfig(beta=2.0, loss_type="simpo", simpo_gamma=0.5)
+    assert _loss(DPOConfig(beta=0.1)) == pytest.approx(0.6209570, abs=1e-6)
+    assert _loss(DPOConfig(beta=0.1, label_smoothing=0.1)) == pytest.approx(0.6359570, abs=1e-6)
+    assert _loss(DPOConfig(beta=0.1, loss_type="ipo")) == pytest.approx(12.25, abs=1e-5)
+    simpo = DPOConfig(beta=2.0, loss_type="simpo", simpo_gamma=0.5)
     assert _loss(simpo) == pytest.approx(0.7799487, abs=1e-6)
     assert _loss(simpo, ref=None) == _loss(simpo)  # SimPO never reads the reference
-    assert _loss(DPOLossConfig(beta=0.1), ref=None) == pytest.approx(0.5981389, abs=1e-6)
+    assert _loss(DPOConfig(beta=0.1), ref=None) == pytest.approx(0.5981389, abs=1e-6)
     # Cross-check the closed forms with the standard library.
     assert math.log1p(math.exp(-0.15)) == pytest.approx(0.6209570, abs=1e-6)
 
@@ -69,7 +69,7 @@ def test_dpo_metrics_and_global_normaliser() -> None:
     """Implicit rewards β·Δ: chosen 0.1 · 0.5 = 0.05, rejected 0.1 · (−1) = −0.1, margin
     0.15, accuracy 1. A zero-mask pair (rank padding) adds nothing; normalising by the
     global count of 2 pairs halves the value, so micro-batches add up."""
-    out = compute_dpo_loss(LOGPROBS_BT, MASK_BT, REF_BT, DPOLossConfig(beta=0.1), 1.0)
+    out = compute_dpo_loss(LOGPROBS_BT, MASK_BT, REF_BT, DPOConfig(beta=0.1), 1.0)
     assert out.metrics["rewards/chosen"] == pytest.approx(0.05, abs=1e-6)
     assert out.metrics["rewards/rejected"] == pytest.approx(-0.1, abs=1e-6)
     assert out.metrics["rewards/margin"] == pytest.approx(0.15, abs=1e-6)
@@ -79,7 +79,7 @@ def test_dpo_metrics_and_global_normaliser() -> None:
         torch.cat([LOGPROBS_BT, torch.randn(2, 4)]),
         torch.cat([MASK_BT, torch.zeros(2, 4)]),
         torch.cat([REF_BT, torch.randn(2, 4)]),
-        DPOLossConfig(beta=0.1),
+        DPOConfig(beta=0.1),
         2.0,
     )
     assert padded.metrics["loss"] == pytest.approx(0.6209570 / 2, abs=1e-6)
@@ -90,7 +90,7 @@ def test_dpo_metrics_and_global_normaliser() -> None:
 
 def test_dpo_gradient_raises_chosen_and_lowers_rejected() -> None:
     logprobs = LOGPROBS_BT.clone().requires_grad_(True)
-    compute_dpo_loss(logprobs, MASK_BT, REF_BT, DPOLossConfig(), 1.0).loss.backward()
+    compute_dpo_loss(logprobs, MASK_BT, REF_BT, DPOConfig(), 1.0).loss.backward()
     assert logprobs.grad is not None
     assert (logprobs.grad[0][MASK_BT[0] > 0] < 0).all()  # descent raises chosen logprobs
     assert (logprobs.grad[1][MASK_BT[1] > 0] > 0).all()
@@ -98,16 +98,17 @@ def test_dpo_gradient_raises_chosen_and_lowers_rejected() -> None:
 
 
 def test_dpo_config_refusals() -> None:
-    with pytest.raises(ValueError, match="unknown dpo loss_type 'kto'"):
-        DPOLossConfig(loss_type="kto")
+    with pytest.raises(ValueError, match="loss_type"):
+        DPOConfig.model_validate({"loss_type": "kto"})
     with pytest.raises(ValueError, match="row pairs; got 3 rows"):
-        compute_dpo_loss(torch.zeros(3, 2), torch.ones(3, 2), None, DPOLossConfig(), 1.0)
+        compute_dpo_loss(torch.zeros(3, 2), torch.ones(3, 2), None, DPOConfig(), 1.0)
     # A rank slice [c2, padding] (6 rows over 4 ranks): loud, not a silently dropped pair.
     split_mask = torch.cat([MASK_BT, torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 0]])])
     with pytest.raises(ValueError, match=r"rows 2 and 3 are not a \(chosen, rejected\) pair"):
-        compute_dpo_loss(torch.zeros(4, 4), split_mask, None, DPOLossConfig(), 2.0)
+        compute_dpo_loss(torch.zeros(4, 4), split_mask, None, DPOConfig(), 2.0)
     recipe = RecipeConfig.model_validate({"dpo": {"beta": 0.2, "loss_type": "ipo"}})
-    assert DPOLossConfig.from_recipe(recipe) == DPOLossConfig(beta=0.2, loss_type="ipo")
+    # The loss reads the recipe's own section: IPO at β = 0.2, h = 1.5 (above): (1.5 − 2.5)².
+    assert _loss(recipe.dpo) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_tool_use_pairs_prefer_correct_calls_over_hallucinated_ones() -> None:
@@ -186,7 +187,7 @@ def test_torch_backend_dpo_lowers_the_loss_on_smollm2() -> None:
         )
     )
     attach_reference_logprobs(policy, batch, "precomputed")
-    steps = [dpo_step(policy, batch, DPOLossConfig(beta=0.1)) for _ in range(3)]
+    steps = [dpo_step(policy, batch, DPOConfig(beta=0.1)) for _ in range(3)]
     losses = [step["loss"] for step in steps]
     # Step 0 is at the reference weights: z = 0, L = log 2 exactly.
     assert losses[0] == pytest.approx(math.log(2), abs=1e-4)
@@ -209,7 +210,7 @@ def test_reference_copy_equals_precomputed(tiny_model: Path) -> None:
     policy = TorchPolicy(TorchBackendConfig(model_path=tiny_model, keep_reference=True))
     attach_reference_logprobs(policy, batch, "precomputed")
     precomputed = batch.reference_logprobs_NT
-    dpo_step(policy, batch, DPOLossConfig())  # the policy moves, the copy does not
+    dpo_step(policy, batch, DPOConfig())  # the policy moves, the copy does not
     attach_reference_logprobs(policy, batch, "copy")
     assert precomputed is not None and batch.reference_logprobs_NT is not None
     torch.testing.assert_close(batch.reference_logprobs_NT, precomputed)
@@ -229,7 +230,7 @@ def test_train_on_pairs_references_the_starting_weights(tiny_model: Path) -> Non
             TorchBackendConfig(model_path=tiny_model, lr=1e-3, keep_reference=mode == "copy")
         )
         runs[mode] = train_on_pairs(
-            policy, pairs, DPOLossConfig(beta=0.5), reference=mode, pairs_per_step=2, epochs=2
+            policy, pairs, DPOConfig(beta=0.5), reference=mode, pairs_per_step=2, epochs=2
         )
     assert len(runs["precomputed"]) == 4
     for got, want in zip(runs["precomputed"], runs["copy"], strict=True):
@@ -253,7 +254,7 @@ def test_megatron_dpo_step_matches_torch(tiny_model: Path) -> None:
     from rlfleet_trainer.backends.megatron_backend import MegatronPolicy
     from rlfleet_trainer.backends.megatron_setup import MegatronBackendConfig
 
-    loss = DPOLossConfig(beta=0.5, label_smoothing=0.1)
+    loss = DPOConfig(beta=0.5, label_smoothing=0.1)
     results = []
     os.environ["MASTER_PORT"] = str(pick_free_port())
     try:

@@ -17,8 +17,8 @@ from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import load_config
 from rlfleet_trainer.checkpoint import list_checkpoints
 from rlfleet_trainer.data import PromptSource
+from rlfleet_trainer.faults import CRASH_ENV
 from rlfleet_trainer.ledger import Ledger, verify_ledger
-from rlfleet_trainer.loop import CRASH_ENV
 from rlfleet_trainer.testing import serve_doubles
 from transformers import AutoTokenizer
 

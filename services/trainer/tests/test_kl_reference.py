@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlfleet_contracts.recipe import RecipeConfig
-from rlfleet_trainer.algorithms import LossConfig
+from rlfleet_contracts.recipe import GRPOConfig, RecipeConfig
 from rlfleet_trainer.algorithms.losses import LossInputs, compute_policy_loss
 from rlfleet_trainer.backends.base import BackendConfig
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
 from rlfleet_trainer.batch import Trajectory, build_train_batch
 from rlfleet_trainer.ranks import train_slice
 
-KL = LossConfig(kl_coef=1e-4, kl_type="k3", force_on_policy_ratio=True, importance_sampling="none")
+KL = GRPOConfig(kl_coef=1e-4, kl_type="k3", force_on_policy_ratio=True, importance_sampling="none")
 
 
 def test_kl_term_and_gradient_by_hand() -> None:
@@ -50,7 +49,7 @@ def test_kl_coef_keeps_a_reference_copy_of_the_starting_weights() -> None:
     test_rlhf_stage.py) puts the coefficient in the loss and makes the backend keep a
     frozen copy of the weights it starts from (policy.model); 0 keeps none."""
     rlhf = RecipeConfig.model_validate({"stage": "rlhf", "grpo": {"kl_coef": 1e-4}})
-    assert LossConfig.from_recipe(rlhf).kl_coef == pytest.approx(1e-4)
+    assert rlhf.grpo.kl_coef == pytest.approx(1e-4)
     assert BackendConfig.recipe_values(rlhf, Path("m"))["keep_reference"] is True
     assert BackendConfig.recipe_values(RecipeConfig(), Path("m"))["keep_reference"] is False
 

@@ -11,8 +11,9 @@ import pytest
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import load_config
 from rlfleet_trainer.checkpoint import list_checkpoints
+from rlfleet_trainer.context import build_context
 from rlfleet_trainer.ledger import Ledger, verify_ledger
-from rlfleet_trainer.run import build_context, run_stage
+from rlfleet_trainer.run import run_stage
 from rlfleet_trainer.testing import letter_rows as rows
 from rlfleet_trainer.testing import serve_doubles
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from rlfleet_contracts.reasoning import LowEffortConfig
 from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.reward_client import RewardClient
 from rlfleet_contracts.rows import DataError
 from rlfleet_core.config import ConfigError, load_config
-from rlfleet_trainer.clients import RewardClient, RolloutClient
+from rlfleet_trainer.clients import RolloutClient
 from rlfleet_trainer.collector import Collector
 from rlfleet_trainer.data import PromptSource
 from rlfleet_trainer.reasoning import LowEffortSchedule
@@ -233,7 +234,7 @@ async def test_row_cap_reaches_the_generate_request(tiny_model: Path, tokenizer:
             ],
         )
         source = PromptSource.from_recipe(recipe, rows, tokenizer, False, training=True)
-        rollout_client = RolloutClient(rollout_target, 60.0, 1 << 20)
+        rollout_client = RolloutClient(rollout_target, 60.0)
         reward_client = RewardClient(reward_target, 60.0)
         collector = Collector.from_recipe(
             recipe, source, rollout_client, reward_client, tokenizer.decode
@@ -264,8 +265,9 @@ async def test_a_resumed_run_issues_the_same_low_effort_prompts(
 ) -> None:
     """Sync GRPO, 4 steps straight vs 2 steps + resume to 4: the same prompts are scored
     as low effort, and the ledger still accounts for every prompt exactly once."""
+    from rlfleet_trainer.context import build_context
     from rlfleet_trainer.ledger import Ledger, verify_ledger
-    from rlfleet_trainer.run import build_context, run_stage
+    from rlfleet_trainer.run import run_stage
     from rlfleet_trainer.testing import letter_rows
 
     def recipe(rollout: str, reward: str, steps: int) -> RecipeConfig:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from rlfleet_contracts.recipe import GRPOConfig
 from rlfleet_core.ports import pick_free_port
-from rlfleet_trainer.algorithms import LossConfig
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
 from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
 from transformers import AutoModelForCausalLM
 
-LOSS = LossConfig(importance_sampling="tis", force_on_policy_ratio=True)
+LOSS = GRPOConfig(importance_sampling="tis", force_on_policy_ratio=True)
 
 
 def _batch(seed: int = 0, n: int = 4) -> tuple[list[Trajectory], TrainBatch]:

@@ -75,11 +75,6 @@ class DPOConfig(ConfigModel):
         return self
 
 
-def is_dpo_stage(stage: str) -> bool:
-    """A recipe's `stage` name of kind `dpo` (`rlfleet rl dpo`)."""
-    return stage.startswith("dpo")
-
-
 class PreferenceError(DataError):
     """A preference-pair row is malformed; the message names the field."""
 

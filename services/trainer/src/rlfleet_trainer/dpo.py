@@ -1,5 +1,5 @@
 """DPO on the GRPO policy backends: preference pairs → token batch → reference logprobs →
-`backend.train_step(batch, DPOLossConfig)`, and pairs built from scored tool-use samples.
+`backend.train_step(batch, recipe.dpo)`, and pairs built from scored tool-use samples.
 
 A pair batch is a `TrainBatch` whose rows interleave each pair's chosen (row 2i) and
 rejected (row 2i+1) sequence; the mask is 1 on the response tokens, so both go through the
@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from rlfleet_contracts.preference import PreferencePair
+from rlfleet_contracts.preference import DPOConfig, PreferencePair
 
-from rlfleet_trainer.algorithms.dpo import DPOLossConfig
 from rlfleet_trainer.backends.base import PolicyBackend
 from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
 
@@ -109,9 +108,7 @@ def attach_reference_logprobs(backend: PolicyBackend, batch: TrainBatch, mode: s
         raise ValueError(f"dpo.reference: unknown mode {mode!r}; valid: {REFERENCE_MODES}")
 
 
-def dpo_step(
-    backend: PolicyBackend, batch: TrainBatch, loss_config: DPOLossConfig
-) -> dict[str, float]:
+def dpo_step(backend: PolicyBackend, batch: TrainBatch, loss_config: DPOConfig) -> dict[str, float]:
     """One optimizer step on a pair batch (reference logprobs attached, or None for
     reference-free and SimPO): the backend's `train_step`, the same as GRPO's."""
     return backend.train_step(batch, loss_config)
@@ -120,7 +117,7 @@ def dpo_step(
 def train_on_pairs(
     backend: PolicyBackend,
     pairs: Sequence[TokenizedPair],
-    loss_config: DPOLossConfig,
+    loss_config: DPOConfig,
     *,
     reference: str = "precomputed",
     pairs_per_step: int = 8,

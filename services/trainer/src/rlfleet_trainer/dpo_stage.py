@@ -1,4 +1,4 @@
-"""The DPO stage (`rlfleet rl dpo`, a recipe whose `stage` starts with `dpo`): preference
+"""The DPO stage (`rlfleet rl dpo`, a recipe of kind `dpo`): preference
 pairs sampled from the policy itself through the rollout and reward services, then DPO
 on the GRPO backends.
 
@@ -24,18 +24,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rlfleet_contracts.preference import PreferencePair
+from rlfleet_core.calls import CallFailed
 from rlfleet_core.tracking import MetricsLogger
 
 from rlfleet_trainer.agent.calls import trajectory_verdict
 from rlfleet_trainer.agent.rollout import AgentRollout, build_agent
-from rlfleet_trainer.algorithms.dpo import DPOLossConfig
 from rlfleet_trainer.batch import Trajectory
 from rlfleet_trainer.checkpoint import TrainerState
-from rlfleet_trainer.clients import CallFailed, Sampling
+from rlfleet_trainer.clients import Sampling
 from rlfleet_trainer.collector import TooManyFailures
+from rlfleet_trainer.context import RunContext
 from rlfleet_trainer.data import Prompt, row_messages
 from rlfleet_trainer.dpo import ScoredSample, TokenizedPair, pick_pairs, train_on_pairs
-from rlfleet_trainer.loop import RunContext, publish_weights, same_weights
+from rlfleet_trainer.loop import publish_weights, same_weights
 from rlfleet_trainer.validation import read_heldout, validate, write_heldout
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ async def run_dpo(ctx: RunContext, resume: bool = False) -> TrainerState:
         train_on_pairs,
         ctx.backend,
         sampled.pairs,
-        DPOLossConfig.from_recipe(recipe),
+        recipe.dpo,
         reference=recipe.dpo.reference,
         pairs_per_step=recipe.dpo.pairs_per_step,
         epochs=recipe.dpo.epochs,

@@ -30,9 +30,9 @@ async def evaluate(
     model: str, recipes: list[RecipeConfig], out: Path
 ) -> dict[str, dict[str, float]]:
     """Publish `model` to the rollout, then validate each recipe; returns stage → result."""
+    from rlfleet_trainer.context import build_context
     from rlfleet_trainer.data import PromptSource, read_rows
     from rlfleet_trainer.loop import publish_weights
-    from rlfleet_trainer.run import build_context
     from rlfleet_trainer.validation import validate, write_heldout
 
     first = recipes[0].model_copy(
@@ -68,10 +68,11 @@ async def win_rate(recipe: RecipeConfig, stage_dir: Path) -> dict[str, float]:
     """The stage's held-out answers after training judged against its answers before (its
     starting weights), pair by pair on the same prompts, by the recipe's own scorer (a
     GenRM environment ranks the two): wins + ties / 2 over the pairs it judged."""
+    from rlfleet_contracts.reward_client import RewardClient
+    from rlfleet_core.calls import CallFailed, CallRetry
     from rlfleet_core.models import resolve_model
     from transformers import AutoTokenizer
 
-    from rlfleet_trainer.clients import CallFailed, CallRetry, RewardClient
     from rlfleet_trainer.data import PromptSource, read_rows
 
     if not recipe.data.val_path:

@@ -13,7 +13,7 @@ from rlfleet_core.versions import build_info
 from rlfleet_proto.v1 import trainer_pb2, trainer_pb2_grpc
 
 from rlfleet_trainer.config import TrainerServiceConfig
-from rlfleet_trainer.loop import RunContext
+from rlfleet_trainer.context import RunContext
 
 
 class StageRunner(Protocol):

@@ -7,38 +7,31 @@ flight or buffered while the policy trains; after each step the new weights are 
 the rollout service in flight, and groups older than `max_age` versions are dropped.
 Training runs in a worker thread so the event loop keeps streaming results meanwhile.
 
-`run_grpo` is the whole loop, top to bottom; `RunContext` holds what setup built.
+`run_grpo` is the whole loop, top to bottom; `context.RunContext` holds what setup built.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlfleet_contracts.recipe import RecipeConfig
-from rlfleet_contracts.run_folder import StageFolder
+from rlfleet_contracts.recipe import GRPOConfig, RecipeConfig
 from rlfleet_core.tracking import MetricsLogger
 
-from rlfleet_trainer.algorithms import LossConfig
-from rlfleet_trainer.backends.base import PolicyBackend
 from rlfleet_trainer.checkpoint import (
     TrainerState,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from rlfleet_trainer.clients import RewardClient, RolloutClient
 from rlfleet_trainer.collector import Collector
-from rlfleet_trainer.data import PromptSource
+from rlfleet_trainer.context import RunContext
+from rlfleet_trainer.faults import crash_hook, hold_hook
 from rlfleet_trainer.ledger import Ledger, LedgerEntry
-from rlfleet_trainer.ranks import DriverBackend, train_slice
+from rlfleet_trainer.ranks import TrainerBackend
 from rlfleet_trainer.replay import PromptGroup
 from rlfleet_trainer.steps import prepare_step, split_informative
 from rlfleet_trainer.validation import read_heldout, validate, write_heldout
@@ -51,65 +44,6 @@ informative ones, at most this many rounds; then it trains on what it has."""
 
 MAX_EMPTY_STEPS = 3
 """Consecutive steps without a single informative group before the run stops."""
-
-CRASH_ENV = "RLFLEET_TRAINER_CRASH_AT"
-"""Test hook: `<point>:<step>[:<rank>]` kills that trainer rank (default 0, the driver)
-with SIGKILL at that point of that step, in the launcher's first attempt only (a rank that
-torchrun restarts runs on). Driver points: after_train, after_ledger,
-checkpoint_before_rename, after_checkpoint, after_publish; follower points: after_train,
-checkpoint_saved. Used by the kill -9 / resume tests."""
-
-
-HOLD_ENV = "RLFLEET_TRAINER_HOLD_AT"
-"""Test hook: `<stage folder name>:after_checkpoint:<step>` makes that stage's trainer sleep
-right after that checkpoint until a signal ends it (at most 10 minutes). Used by the
-Ctrl-C / resume test to interrupt a stage at a known step, however fast the machine."""
-
-
-def crash_hook(point: str, step: int, rank: int | None = None) -> None:
-    wanted = os.environ.get(CRASH_ENV, "")
-    if not wanted or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
-        return
-    rank = int(os.environ.get("RANK", "0") or 0) if rank is None else rank
-    raise_instead = wanted.startswith("raise:")
-    wanted = wanted.removeprefix("raise:")
-    if wanted in (f"{point}:{step}:{rank}", *((f"{point}:{step}",) if rank == 0 else ())):
-        if raise_instead:  # a rank that fails with an error rather than dying
-            raise RuntimeError(f"test crash at {point} of step {step} on rank {rank}")
-        print(f"test crash: SIGKILL at {point} of step {step} on rank {rank}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def hold_hook(run_dir: Path, point: str, step: int) -> None:
-    wanted = os.environ.get(HOLD_ENV, "")
-    if wanted and wanted == f"{run_dir.name}:{point}:{step}":
-        time.sleep(600)
-
-
-@dataclass
-class RunContext:
-    recipe: RecipeConfig
-    backend: PolicyBackend
-    source: PromptSource
-    rollout: RolloutClient
-    reward: RewardClient
-    tokenizer: Any
-    run_dir: Path
-    val_source: PromptSource | None = None
-    on_step: Callable[[int, dict[str, float]], None] | None = None
-    """Called after each step with its metrics (the service's status, tests)."""
-    status: dict[str, Any] = field(default_factory=dict)
-    """phase, step, weight_version, metrics: what TrainerService.GetStatus reports."""
-    checkpoint_requests: list[asyncio.Future[tuple[Path, int]]] = field(default_factory=list)
-    """SaveCheckpoint calls waiting for the next step boundary."""
-
-    @property
-    def folder(self) -> StageFolder:
-        return StageFolder(self.run_dir)
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.folder.checkpoints(self.recipe.checkpoint.dir)
 
 
 async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
@@ -126,7 +60,6 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
         ctx.tokenizer,
     )
     state = await restore_or_start(ctx, ledger, collector, resume)
-    loss_config = LossConfig.from_recipe(recipe)
     limit = g.num_prompts_per_step * max(2 * g.max_trajectory_age_steps, 1)
     collector.auto_fill_limit = limit if g.async_enabled else None
     metrics_log = MetricsLogger(
@@ -161,7 +94,7 @@ async def run_grpo(ctx: RunContext, resume: bool = False) -> TrainerState:
             empty_steps = 0
             unlogged = {}
             ctx.status["phase"] = "training"
-            train_metrics, timings = await train_on(ctx.backend, prepared.batch, loss_config)
+            train_metrics, timings = await train_on(ctx.backend, prepared.batch, g)
             state.step += 1
             state.weight_version += 1
             crash_hook("after_train", state.step)
@@ -290,14 +223,12 @@ async def gather_groups(
 
 
 async def train_on(
-    backend: PolicyBackend, batch: Any, loss_config: LossConfig
+    backend: TrainerBackend, batch: Any, grpo: GRPOConfig
 ) -> tuple[dict[str, float], dict[str, float]]:
     """prev/reference logprobs (when needed), then one optimizer step, in a worker thread
     so generation results keep streaming in. Several ranks: the driver sends the batch to
     every rank and each trains on its slice (`ranks.DriverBackend.train`)."""
-    if isinstance(backend, DriverBackend):
-        return await asyncio.to_thread(backend.train, batch, loss_config)
-    return await asyncio.to_thread(train_slice, backend, batch, loss_config)
+    return await asyncio.to_thread(backend.train, batch, grpo)
 
 
 def ledger_step(
@@ -311,28 +242,22 @@ def ledger_step(
 
 
 async def publish_weights(ctx: RunContext, version: int) -> float:
-    """Push the policy's HF-named weights to the rollout service as `version`."""
+    """Push the policy's HF-named weights to the rollout service as `version`, over the
+    rollout client's weight sender (made once, by `context.build_context`)."""
     started = time.monotonic()
     g = ctx.recipe.grpo
     tensors = await asyncio.to_thread(lambda: list(ctx.backend.hf_state_dict()))
-    ctx.rollout.recompute_kv_cache = g.recompute_kv_cache_after_weight_updates
     if g.async_enabled and not g.in_flight_weight_updates:
         # Let requests in flight finish under the old weights before the update.
         await ctx.rollout.pause_until_drained()
     try:
-        await send_weights(ctx, version, tensors)
+        await ctx.rollout.publish_weights(
+            version, tensors, recompute_kv_cache=g.recompute_kv_cache_after_weight_updates
+        )
     finally:
         if g.async_enabled and not g.in_flight_weight_updates:
             await ctx.rollout.resume()
     return time.monotonic() - started
-
-
-async def send_weights(ctx: RunContext, version: int, tensors: list[tuple[str, Any]]) -> None:
-    """Over the transport the recipe names; the sender behind it is chosen once."""
-    services = ctx.recipe.services
-    await ctx.rollout.publish_weights(
-        services.weight_transport, version, tensors, shared_dir=services.shared_dir
-    )
 
 
 def answer_checkpoint_requests(ctx: RunContext, path: Path, step: int) -> None:

@@ -6,7 +6,9 @@ collector, ledger, metrics, validation and checkpoint commits (`loop.run_grpo`, 
 Its policy backend is wrapped in `DriverBackend`, which before each collective backend call
 broadcasts a command (`train` with the full batch, `hf_state_dict`, `save`, `load`,
 `export_hf`, `stop`) to the other ranks. Those *followers* (`follow`) build the same backend,
-open no service connection and run each command as it comes, until `stop`.
+open no service connection and run each command as it comes, until `stop`. A plain process
+wraps its backend in `SingleRankBackend`; both are a `TrainerBackend`, which is all the loop
+sees.
 
 Each rank trains on `rank_slice(batch, data_parallel_rank, data_parallel_size)`: contiguous
 slices, the first `N mod size` ranks one sample more (like numpy.array_split), every slice
@@ -27,15 +29,16 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from rlfleet_contracts.recipe import GRPOConfig
 
 from rlfleet_trainer.algorithms.dpo import TrainLoss
-from rlfleet_trainer.algorithms.losses import LossConfig
 from rlfleet_trainer.backends.base import PolicyBackend
 from rlfleet_trainer.batch import TrainBatch
+from rlfleet_trainer.faults import crash_hook
 
 logger = logging.getLogger(__name__)
 
@@ -214,9 +217,10 @@ def rank_slice(batch: TrainBatch, rank: int, size: int) -> TrainBatch:
 
 
 def train_slice(
-    backend: PolicyBackend, batch: TrainBatch, loss_config: LossConfig
+    backend: PolicyBackend, batch: TrainBatch, grpo: GRPOConfig
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """prev/reference logprobs (when needed), then one optimizer step, on this rank's slice."""
+    """prev/reference logprobs (when needed), then one optimizer step of the `grpo` loss,
+    on this rank's slice."""
     part = rank_slice(
         batch,
         getattr(backend, "data_parallel_rank", 0),
@@ -224,13 +228,13 @@ def train_slice(
     )
     timings: dict[str, float] = {}
     started = time.monotonic()
-    if not loss_config.force_on_policy_ratio:
+    if not grpo.force_on_policy_ratio:
         part.prev_logprobs_NT = backend.logprobs(part)
-    if loss_config.kl_coef > 0:
+    if grpo.kl_coef > 0:
         part.reference_logprobs_NT = backend.logprobs(part, reference=True)
     timings["logprobs_s"] = time.monotonic() - started
     started = time.monotonic()
-    metrics = backend.train_step(part, loss_config)
+    metrics = backend.train_step(part, grpo)
     timings["train_s"] = time.monotonic() - started
     return metrics, timings
 
@@ -241,9 +245,63 @@ def _broadcast(command: Any = None) -> Any:
     return box[0]
 
 
+class TrainerBackend(PolicyBackend, Protocol):
+    """The policy as the stage's loop drives it on global rank 0: a whole GRPO step
+    (`train`, on every rank's slice) and `stop` (the other ranks may end) besides the
+    backend's own calls. `SingleRankBackend` (one process) and `DriverBackend` (several
+    ranks) implement it, so the loop never asks which one it holds."""
+
+    def train(
+        self, batch: TrainBatch, grpo: GRPOConfig
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """One GRPO step on the whole `batch`: (metrics, timings)."""
+        ...
+
+    def stop(self) -> None:
+        """The stage is done (only on success: after an error torchrun ends the others)."""
+        ...
+
+
+class SingleRankBackend:
+    """One process: `train` is this rank's step on the whole batch, `stop` has no one to
+    tell; every backend call goes straight to `inner` (a DPO stage trains through them)."""
+
+    def __init__(self, backend: PolicyBackend) -> None:
+        self.inner = backend
+        self.data_parallel_rank = getattr(backend, "data_parallel_rank", 0)
+        self.data_parallel_size = getattr(backend, "data_parallel_size", 1)
+
+    def train(
+        self, batch: TrainBatch, grpo: GRPOConfig
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        return train_slice(self.inner, batch, grpo)
+
+    def stop(self) -> None:
+        pass
+
+    def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> torch.Tensor:
+        return self.inner.logprobs(batch, reference=reference)
+
+    def train_step(self, batch: TrainBatch, loss_config: TrainLoss) -> dict[str, float]:
+        return self.inner.train_step(batch, loss_config)
+
+    def hf_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.inner.hf_state_dict()
+
+    def save(self, path: Path) -> None:
+        self.inner.save(path)
+
+    def load(self, path: Path) -> None:
+        self.inner.load(path)
+
+    def export_hf(self, path: Path) -> None:
+        self.inner.export_hf(path)
+
+
 class DriverBackend:
-    """The driver's view of the policy: each collective call is announced to the followers
-    (a broadcast command) and then run here too. With no process group it is a pass-through."""
+    """The driver's view of the policy when several ranks train: each collective call is
+    announced to the followers (a broadcast command) and then run here too. With no
+    process group it is a pass-through (but for the per-rank `logprobs` / `train_step`)."""
 
     def __init__(self, backend: PolicyBackend) -> None:
         self.inner = backend
@@ -256,10 +314,10 @@ class DriverBackend:
             _broadcast(command)
 
     def train(
-        self, batch: TrainBatch, loss_config: LossConfig
+        self, batch: TrainBatch, grpo: GRPOConfig
     ) -> tuple[dict[str, float], dict[str, float]]:
-        self._announce("train", batch, loss_config)
-        return train_slice(self.inner, batch, loss_config)
+        self._announce("train", batch, grpo)
+        return train_slice(self.inner, batch, grpo)
 
     def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> torch.Tensor:
         raise RuntimeError("DriverBackend scores through train(); logprobs is per rank")
@@ -295,8 +353,6 @@ class DriverBackend:
 
 def follow(backend: PolicyBackend, rank: int) -> int:
     """A follower rank: run the driver's commands until `stop`; returns commands run."""
-    from rlfleet_trainer.loop import crash_hook
-
     done = 0
     step = 0
     while True:

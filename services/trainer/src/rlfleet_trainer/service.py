@@ -17,8 +17,8 @@ from rlfleet_proto import TRAINER_SERVICE
 from rlfleet_proto.v1 import trainer_pb2_grpc
 
 from rlfleet_trainer.config import TrainerServiceConfig
+from rlfleet_trainer.context import RunContext
 from rlfleet_trainer.grpc_face import TrainerServicer
-from rlfleet_trainer.loop import RunContext
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ class TrainerService(BaseService):
             self.task = asyncio.create_task(self._train())
 
     async def _train(self) -> None:
+        from rlfleet_trainer.context import build_context
         from rlfleet_trainer.loop import run_grpo
-        from rlfleet_trainer.run import build_context
 
         self.phase = "starting"
         try:

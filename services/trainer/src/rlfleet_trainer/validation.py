@@ -20,21 +20,21 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rlfleet_contracts.reward_client import GroupScores, Score
 from rlfleet_contracts.run_folder import StageFolder
+from rlfleet_core.calls import CallFailed
 from rlfleet_proto.v1 import rollout_pb2
 
 from rlfleet_trainer.agent.calls import hallucination_rate, trajectory_verdict
 from rlfleet_trainer.agent.rollout import AgentRollout, build_agent
 from rlfleet_trainer.algorithms import REWARD_TIE
-from rlfleet_trainer.clients import CallFailed, GroupScores, Sampling, Score
+from rlfleet_trainer.clients import Sampling
 from rlfleet_trainer.collector import TooManyFailures
+from rlfleet_trainer.context import RunContext
 from rlfleet_trainer.data import Prompt
 from rlfleet_trainer.env_metrics import FULL_REWARD
-
-if TYPE_CHECKING:
-    from rlfleet_trainer.loop import RunContext
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from rlfleet_trainer.algorithms.importance import (
 )
 from rlfleet_trainer.algorithms.kl import compute_kl
 from rlfleet_trainer.algorithms.losses import (
-    LossConfig,
     LossInputs,
     LossOutput,
     aggregate_loss,
@@ -32,7 +31,6 @@ from rlfleet_trainer.algorithms.losses import (
 
 __all__ = [
     "REWARD_TIE",
-    "LossConfig",
     "LossInputs",
     "LossOutput",
     "aggregate_loss",

@@ -20,50 +20,17 @@ Shape legend: B = sequences in the micro-batch (2 per pair), P = pairs, T = toke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
-from rlfleet_contracts.preference import DPO_LOSS_TYPES, DPOConfig
-from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.preference import DPOConfig
+from rlfleet_contracts.recipe import GRPOConfig
 
 from rlfleet_trainer.algorithms.importance import masked_sequence_mean
-from rlfleet_trainer.algorithms.losses import LossConfig, LossOutput
+from rlfleet_trainer.algorithms.losses import LossOutput
 
-_DPO = DPOConfig()
-
-
-@dataclass(frozen=True)
-class DPOLossConfig:
-    """The loss's knobs: the recipe's `dpo.*` (defaults too; see preference.py)."""
-
-    beta: float = _DPO.beta
-    loss_type: str = _DPO.loss_type
-    label_smoothing: float = _DPO.label_smoothing
-    simpo_gamma: float = _DPO.simpo_gamma
-
-    @classmethod
-    def from_recipe(cls, recipe: RecipeConfig) -> DPOLossConfig:
-        d = recipe.dpo
-        return cls(d.beta, d.loss_type, d.label_smoothing, d.simpo_gamma)
-
-    def __post_init__(self) -> None:
-        if self.loss_type not in DPO_LOSS_TYPES:
-            raise ValueError(
-                f"unknown dpo loss_type {self.loss_type!r}; valid: {', '.join(DPO_LOSS_TYPES)}"
-            )
-
-    @property
-    def averages_logprobs(self) -> bool:
-        return self.loss_type == "simpo"
-
-    @property
-    def uses_reference(self) -> bool:
-        return self.loss_type != "simpo"
-
-
-TrainLoss = LossConfig | DPOLossConfig
-"""What a backend's `train_step` optimises: GRPO's policy loss, or a preference loss."""
+TrainLoss = GRPOConfig | DPOConfig
+"""What a backend's `train_step` optimises, named by its recipe section: GRPO's policy
+loss (`grpo.*`), or a preference loss (`dpo.*`)."""
 
 
 def sequence_logprobs(
@@ -87,7 +54,7 @@ def pair_losses(
     rejected_P: torch.Tensor,
     ref_chosen_P: torch.Tensor,
     ref_rejected_P: torch.Tensor,
-    config: DPOLossConfig,
+    config: DPOConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(L_P, chosen reward_P, rejected reward_P) from sequence logprobs (module docstring).
     SimPO ignores the reference arguments."""
@@ -103,7 +70,7 @@ def pair_losses(
         loss_P = _smoothed_sigmoid_loss(beta * h_P, config.label_smoothing)
     elif config.loss_type == "ipo":
         loss_P = (h_P - 1 / (2 * beta)).square()
-    else:  # pragma: no cover - __post_init__ refuses it
+    else:  # pragma: no cover - DPOConfig's loss_type refuses it
         raise ValueError(f"unknown dpo loss_type {config.loss_type!r}")
     return loss_P, beta * chosen_ratio_P.detach(), beta * rejected_ratio_P.detach()
 
@@ -112,20 +79,22 @@ def compute_dpo_loss(
     logprobs_BT: torch.Tensor,
     mask_BT: torch.Tensor,
     reference_logprobs_BT: torch.Tensor | None,
-    config: DPOLossConfig,
+    config: DPOConfig,
     global_valid_pairs: float,
 ) -> LossOutput:
     """The preference loss of one micro-batch of interleaved pairs, normalised by the global
     pair count; a pair with no valid token (rank padding) counts nothing, a pair with one
     empty row (split by slicing) is an error.
-    `reference_logprobs_BT` None = reference-free (log π_ref = 0)."""
+    `reference_logprobs_BT` None = reference-free (log π_ref = 0); its knobs are the
+    recipe's `dpo.*` section (rlfleet_contracts.preference documents each one)."""
     if logprobs_BT.shape[0] % 2:
         raise ValueError(
             f"a DPO micro-batch holds (chosen, rejected) row pairs; got {logprobs_BT.shape[0]} rows"
         )
     mask_BT = mask_BT.to(logprobs_BT.dtype)
-    seq_B = sequence_logprobs(logprobs_BT, mask_BT, config.averages_logprobs)
-    if reference_logprobs_BT is None or not config.uses_reference:
+    simpo = config.loss_type == "simpo"  # length-averaged logprobs, no reference
+    seq_B = sequence_logprobs(logprobs_BT, mask_BT, average=simpo)
+    if reference_logprobs_BT is None or simpo:
         ref_B = torch.zeros_like(seq_B)
     else:
         ref_B = sequence_logprobs(reference_logprobs_BT.to(seq_B), mask_BT, average=False)

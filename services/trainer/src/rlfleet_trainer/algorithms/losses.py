@@ -19,10 +19,10 @@ Shape legend: B = sequences in the micro-batch, T = response tokens (padded).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
-from rlfleet_contracts.recipe import GRPOConfig, RecipeConfig
+from rlfleet_contracts.recipe import GRPOConfig
 
 from rlfleet_trainer.algorithms.importance import (
     compute_importance_weights,
@@ -33,46 +33,6 @@ from rlfleet_trainer.algorithms.importance import (
 from rlfleet_trainer.algorithms.kl import compute_kl
 
 LOSS_LEVELS: tuple[str, ...] = ("token", "sequence")
-
-
-# The defaults are the recipe schema's: a default changes in recipe.py only.
-_GRPO = GRPOConfig()
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """The loss's knobs: the recipe's `grpo.*` (defaults too; see recipe.py for each one)."""
-
-    ratio_clip_min: float = _GRPO.ratio_clip_min
-    ratio_clip_max: float = _GRPO.ratio_clip_max
-    ratio_clip_c: float | None = _GRPO.ratio_clip_c
-    loss_level: str = _GRPO.loss_level
-    sequence_level_ratio: bool = _GRPO.sequence_level_importance_ratios
-    force_on_policy_ratio: bool = _GRPO.force_on_policy_ratio
-    kl_coef: float = _GRPO.kl_coef
-    kl_type: str = _GRPO.kl_type
-    kl_input_clamp: float | None = _GRPO.kl_input_clamp
-    kl_output_clamp: float | None = _GRPO.kl_output_clamp
-    use_on_policy_kl_approximation: bool = _GRPO.use_on_policy_kl_approximation
-    importance_sampling: str = _GRPO.importance_sampling
-    importance_weight_min: float = _GRPO.importance_weight_min
-    importance_weight_max: float = _GRPO.importance_weight_max
-    seq_logprob_error_threshold: float | None = _GRPO.seq_logprob_error_threshold
-
-    @classmethod
-    def from_recipe(cls, recipe: RecipeConfig) -> LossConfig:
-        """Every field is the `grpo.*` knob of the same name, but for the GSPO switch."""
-        g = recipe.grpo
-        return cls(
-            sequence_level_ratio=g.sequence_level_importance_ratios,
-            **{f.name: getattr(g, f.name) for f in fields(cls) if f.name != "sequence_level_ratio"},
-        )
-
-    def __post_init__(self) -> None:
-        if self.loss_level not in LOSS_LEVELS:
-            raise ValueError(
-                f"unknown loss_level {self.loss_level!r}; valid: {', '.join(LOSS_LEVELS)}"
-            )
 
 
 @dataclass
@@ -141,11 +101,12 @@ def aggregate_loss(
 
 def compute_policy_loss(
     inputs: LossInputs,
-    config: LossConfig,
+    config: GRPOConfig,
     global_valid_tokens: float,
     global_valid_sequences: float,
 ) -> LossOutput:
-    """The GRPO loss of one micro-batch (module docstring has the formula) and its metrics."""
+    """The GRPO loss of one micro-batch (module docstring has the formula) and its metrics;
+    its knobs are the recipe's `grpo.*` section (recipe.py documents each one)."""
     mask_BT = inputs.mask_BT.to(inputs.logprobs_BT.dtype)
     logprobs_BT = inputs.logprobs_BT
     if config.force_on_policy_ratio or inputs.prev_logprobs_BT is None:
@@ -169,7 +130,7 @@ def compute_policy_loss(
     )
     keep_BT = (is_weights.sequence_keep_B * error_keep_B).unsqueeze(1) * mask_BT
 
-    if config.sequence_level_ratio:
+    if config.sequence_level_importance_ratios:
         log_ratio_BT = gspo_log_ratio(logprobs_BT, prev_BT, mask_BT)
     else:
         log_ratio_BT = logprobs_BT - prev_BT
@@ -228,7 +189,7 @@ def compute_loss_metrics(
     logprob_error_B: torch.Tensor,
     kl_BT: torch.Tensor,
     entropy_BT: torch.Tensor | None,
-    config: LossConfig,
+    config: GRPOConfig,
     global_valid_tokens: float,
     global_valid_sequences: float,
 ) -> dict[str, float]:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from rlfleet_contracts.preference import is_dpo_stage
 from rlfleet_contracts.recipe import RecipeConfig
 
 from rlfleet_trainer.algorithms.dpo import TrainLoss
@@ -60,7 +59,7 @@ class BackendConfig:
             "temperature": logprob_temperature(recipe),
             # A DPO stage's `copy` reference is the frozen copy KL uses.
             "keep_reference": recipe.grpo.kl_coef > 0
-            or (is_dpo_stage(recipe.stage) and recipe.dpo.reference == "copy"),
+            or (recipe.kind == "dpo" and recipe.dpo.reference == "copy"),
         }
 
 
@@ -111,7 +110,7 @@ class PolicyBackend(Protocol):
     def train_step(self, batch: TrainBatch, loss_config: TrainLoss) -> dict[str, float]:
         """One optimizer step over this rank's slice (gradient accumulation over micro
         batches, loss normalised by the global token/sequence count); returns the global
-        step's metrics (valid on global rank 0). Collective. With a `DPOLossConfig` the
+        step's metrics (valid on global rank 0). Collective. With the `dpo` section the
         rows are (chosen, rejected) pairs interleaved (rlfleet_trainer.dpo builds them),
         both through the same forward and logprob path as GRPO's samples."""
         ...

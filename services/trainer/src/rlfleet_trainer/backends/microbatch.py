@@ -1,6 +1,6 @@
 """What both policy backends do the same way around their forward passes: slicing a batch
 into micro-batches, filling [N, T] logprobs micro-batch by micro-batch, the policy loss of
-one micro-batch (GRPO's or, for a `DPOLossConfig`, the preference loss over interleaved
+one micro-batch (GRPO's or, for a `DPOConfig`, the preference loss over interleaved
 pairs) with its metrics summed over the step, the global normalisers, and the warm-up
 schedule.
 
@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rlfleet_contracts.preference import DPOConfig
 
-from rlfleet_trainer.algorithms.dpo import DPOLossConfig, TrainLoss, compute_dpo_loss
+from rlfleet_trainer.algorithms.dpo import TrainLoss, compute_dpo_loss
 from rlfleet_trainer.algorithms.losses import LossInputs, compute_policy_loss
 from rlfleet_trainer.batch import TrainBatch
 
@@ -29,7 +30,7 @@ def micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
 def train_micro_batches(batch: TrainBatch, size: int, loss_config: TrainLoss) -> list[TrainBatch]:
     """The step's micro-batches; a preference loss needs both rows of a pair in the same
     micro-batch, so its size is rounded up to even."""
-    if isinstance(loss_config, DPOLossConfig):
+    if isinstance(loss_config, DPOConfig):
         size += size % 2
     return micro_batches(batch, size)
 
@@ -77,7 +78,7 @@ def micro_batch_loss(
     takes the pairs' reference logprobs from `reference_logprobs_NT` (None: reference-free)
     and counts a pair as two valid sequences."""
     device = logprobs_NT.device
-    if isinstance(loss_config, DPOLossConfig):
+    if isinstance(loss_config, DPOConfig):
         out = compute_dpo_loss(
             logprobs_NT,
             part.mask_NT.to(device),
