@@ -19,9 +19,10 @@ from rlfleet_core.config import dump_yaml
 from rlfleet_core.ports import pick_free_port
 from rlfleet_dataprep.prep import PrepOptions, prepare_rl
 from rlfleet_pipeline.launch.profiles import load_profile
+from rlfleet_pipeline.launchers import launcher_for
 from rlfleet_pipeline.preflight import preflight, service_problem
 from rlfleet_pipeline.recipes import bundled_recipes, load_recipe
-from rlfleet_pipeline.stage import STAGE_KINDS, default_run_dir
+from rlfleet_pipeline.stage import default_run_dir
 from typer.testing import CliRunner
 
 pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
@@ -43,12 +44,6 @@ swe-runner = "e.sqsh"
 """
 PROFILES = ("local", "compose", "cluster")
 TINY_BLENDS = ("tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3", "tiny-mix", "tiny-tooluse", "tiny-rlhf")
-
-
-def stage_kind(recipe: str) -> str:
-    """The kind a stage name starts with (rlvr2 -> rlvr, rlvr-tooluse -> rlvr)."""
-    stage = load_recipe(recipe).stage
-    return next(kind for kind in STAGE_KINDS if stage.startswith(kind))
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +74,12 @@ def test_dry_run_fails_exactly_when_the_start_would(
     recipe: str, profile: str, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(workdir)
-    kind = stage_kind(recipe)
+    kind = load_recipe(recipe).kind
     code, stdout, stderr = rl(kind, "-c", recipe, "--run", profile, "--dry-run")
     loaded = load_recipe(recipe)
-    expected = preflight(loaded, load_profile(profile), default_run_dir(loaded), "vllm")
+    expected = preflight(
+        loaded, launcher_for(load_profile(profile)), default_run_dir(loaded), "vllm"
+    )
     assert "# launch plan" in stdout  # the plan is shown either way
     if expected is None:
         assert code == 0, stderr
@@ -94,6 +91,30 @@ def test_dry_run_fails_exactly_when_the_start_would(
         code, _, stderr = rl(kind, "-c", recipe, "--run", profile, "--out", "runs/never")
         assert (code, error_line(stderr)) == (1, f"rlfleet: {expected}")
         assert not (workdir / "runs" / "never").exists()
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_a_judge_setting_the_gateway_does_not_know_fails_the_dry_run_naming_it(
+    profile: str, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe's `judge.genrm` is handed to the reward gateway as it is: a key the
+    gateway's GenRM config does not have fails `--dry-run` (and the start) on every
+    launcher, naming the service and the key, not minutes later when the gateway starts
+    (on SLURM, after a queue wait)."""
+    monkeypatch.chdir(workdir)
+    code, _, stderr = rl(
+        "rlhf",
+        "-c",
+        "tiny/rlhf",
+        "--run",
+        profile,
+        "--dry-run",
+        "policy.model=tiny",  # a model the compose rollout container has
+        "judge.genrm.swap_ordr=true",
+    )
+    line = error_line(stderr)
+    assert code == 1 and line.startswith("rlfleet: reward: config error: genrm.swap_ordr:"), line
+    assert "did you mean genrm.swap_order?" in line, line
 
 
 def trainer_run(recipe_yaml: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:

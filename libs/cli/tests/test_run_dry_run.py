@@ -70,3 +70,22 @@ def test_to_names_a_stage_before_anything_is_written(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="--to nope: pipeline tiny has stages"):
         run_pipeline(tmp_path / "r", RunSpec(engine="hf"), resume=False, until="nope")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_pipeline_under_a_slurm_profile_is_refused_in_one_line_saying_what_runs(
+    tmp_path: Path,
+) -> None:
+    """`rlfleet run` (not a dry run) with a SLURM profile: its launcher cannot run a
+    pipeline; one line says how to run its stages, and nothing is started or written."""
+    (tmp_path / "env.toml").write_text(ENV_TOML)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        result = CliRunner().invoke(app, ["run", "--run", "cluster", "--out", "runs/x"])
+    finally:
+        os.chdir(cwd)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("rlfleet: --run cluster: a pipeline runs locally or on compose")
+    assert "rlfleet rl" in lines[0]
+    assert not (tmp_path / "runs").exists()

@@ -17,8 +17,9 @@ import pytest
 from rlfleet_pipeline import stage
 from rlfleet_pipeline.launch.compose import ComposeError
 from rlfleet_pipeline.launch.profiles import ComposeProfile
+from rlfleet_pipeline.launchers import launch_plan
 from rlfleet_pipeline.recipes import load_recipe
-from rlfleet_pipeline.stage import StageError, launch_plan, run_compose
+from rlfleet_pipeline.stage import StageError, run_compose
 
 FAKE_DOCKER = """#!{python}
 import json, os, sys

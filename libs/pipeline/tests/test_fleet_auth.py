@@ -1,5 +1,5 @@
 """A local fleet authenticates out of the box: it makes a token, its services require it,
-and rlfleet clients (the reward gateway calling the sandbox, RewardClient here) send it."""
+and rlfleet clients (the reward gateway calling the sandbox, BlockingRewardClient here) send it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from rlfleet_contracts.reward_client import RewardClient
+from rlfleet_contracts.reward_client import BlockingRewardClient
 from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV
 from rlfleet_core.client import check_health
 from rlfleet_pipeline.fleet import FleetError, LocalFleet
@@ -63,7 +63,7 @@ def test_fleet_token_is_required_and_sent_end_to_end(tmp_path: Path) -> None:
 
         # With it (from the env the fleet set): reward → sandbox works, so the gateway's
         # sandbox client sent the token too (the sandbox refuses calls without it).
-        client = RewardClient(fleet.target("reward"), timeout_s=120)
+        client = BlockingRewardClient(fleet.target("reward"), timeout_s=120)
         try:
             scores = {}
             for name, body in (("right", "return a + b"), ("wrong", "return a - b")):

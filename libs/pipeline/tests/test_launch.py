@@ -82,3 +82,19 @@ def test_setup_lines_only_from_an_env_toml_the_user_named(
     own.parent.mkdir(parents=True)
     own.write_text(SETUP_TOML)
     assert isinstance(load_profile("c"), SlurmProfile)
+
+
+def test_every_profile_kind_has_its_launcher() -> None:
+    """A new profile kind fails here until it has a launcher (the CLI decides nothing
+    about where things run: the launcher does)."""
+    from typing import get_args
+
+    from rlfleet_pipeline.launch.profiles import Profile
+    from rlfleet_pipeline.launchers import LAUNCHERS, launcher_for
+
+    kinds = get_args(Profile)
+    assert set(LAUNCHERS) == set(kinds)
+    for kind in kinds:
+        profile = kind.model_construct()
+        launcher = launcher_for(profile)
+        assert launcher.kind == profile.launcher and launcher.profile is profile

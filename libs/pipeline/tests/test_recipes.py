@@ -163,7 +163,7 @@ def test_dry_run_with_a_slurm_profile_prints_the_sbatch_script(tmp_path: Path) -
 
 def test_stage_mismatch_and_bad_override_are_one_line_errors() -> None:
     mismatch = rl("rlvr", "-c", "super3/swe1", "--dry-run")
-    assert mismatch.returncode == 2 and "is stage 'swe1', not 'rlvr'" in mismatch.stderr
+    assert mismatch.returncode == 2 and "is stage 'swe1' (kind swe), not 'rlvr'" in mismatch.stderr
     bad = rl("rlvr", "-c", "super3/rlvr1", "--dry-run", "grpo.lr=abc")
     assert bad.returncode == 2
     assert [ln for ln in bad.stderr.splitlines() if ln.strip()] == [

@@ -15,14 +15,13 @@ from pathlib import Path
 import pytest
 from rlfleet_pipeline.fleet import LocalFleet, wiring
 from rlfleet_pipeline.launch.profiles import LocalProfile, SlurmProfile
+from rlfleet_pipeline.launchers import launch_plan, local_overrides, planned_overrides
 from rlfleet_pipeline.preflight import (
-    local_overrides,
-    planned_overrides,
     service_problem,
     wiring_problem,
 )
 from rlfleet_pipeline.recipes import load_recipe
-from rlfleet_pipeline.stage import launch_plan, local_services, stage_services
+from rlfleet_pipeline.stage import local_services, stage_services
 
 
 @pytest.mark.parametrize("name", ["tiny/rlhf", "super3/rlhf"])

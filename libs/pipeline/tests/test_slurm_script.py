@@ -19,9 +19,9 @@ from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import load_config
 from rlfleet_pipeline.launch.profiles import SlurmProfile
 from rlfleet_pipeline.launch.slurm import components, render_sbatch
+from rlfleet_pipeline.launchers import launch_plan
 from rlfleet_pipeline.recipes import load_recipe
 from rlfleet_pipeline.services import get_service
-from rlfleet_pipeline.stage import launch_plan
 
 RLVR = ["rollout", "reward", "sandbox"]
 

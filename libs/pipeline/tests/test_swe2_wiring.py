@@ -12,16 +12,19 @@ from pathlib import Path
 import pytest
 from rlfleet_pipeline.fleet import wiring
 from rlfleet_pipeline.launch.profiles import ComposeProfile, SlurmProfile
-from rlfleet_pipeline.preflight import (
+from rlfleet_pipeline.launchers import (
     compose_overrides,
+    launch_plan,
     local_overrides,
     planned_overrides,
+)
+from rlfleet_pipeline.preflight import (
     service_problem,
     swe_image_problem,
     wiring_problem,
 )
 from rlfleet_pipeline.recipes import load_recipe
-from rlfleet_pipeline.stage import launch_plan, stage_services
+from rlfleet_pipeline.stage import stage_services
 
 
 def test_super3_swe2_has_the_published_agent_settings() -> None:

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlfleet_contracts.recipe import kind_of_stage
 from rlfleet_contracts.run_folder import PipelineFolder, StageFolder
 
 from rlfleet_pipeline.fleet import tail_lines
@@ -35,8 +36,9 @@ class MeasureError(RuntimeError):
 
 
 def stage_kind(name: str) -> str:
-    """rlvr2 -> rlvr, swe1 -> swe, rlhf -> rlhf: a pipeline stage's kind from its name."""
-    return name.rstrip("0123456789")
+    """rlvr2 -> rlvr, swe1 -> swe, rlhf -> rlhf: a pipeline stage's kind from its name (as
+    a recipe reads it: rlfleet_contracts.recipe.kind_of_stage)."""
+    return kind_of_stage(name) or name
 
 
 @dataclass

@@ -9,15 +9,15 @@ not exist yet. `rlfleet rl <kind> -c <recipe> --dry-run` checks one stage.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from rlfleet_contracts.run_folder import PipelineFolder
 
-from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile
+from rlfleet_pipeline.launch.profiles import Profile
+from rlfleet_pipeline.launchers import launcher_for
 from rlfleet_pipeline.pipeline import RunSpec, data_dir, pipeline_of, stage_recipe
 from rlfleet_pipeline.pipeline_end import REGRESSION_SERVICES, EndMeasures
-from rlfleet_pipeline.stage import launch_plan, summary, trainer_command
+from rlfleet_pipeline.stage import summary
 from rlfleet_pipeline.stage_plan import pipeline_fleet
 
 
@@ -31,19 +31,16 @@ def pipeline_plan(out: Path, spec: RunSpec, profile: Profile) -> str:
     regression = [s.name for s in end.regression_stages()]
     rollout = pipeline.rollout_settings(spec.engine, recipes)
     fleet = pipeline_fleet(recipes, spec.engine, rollout, REGRESSION_SERVICES if regression else ())
+    launcher = launcher_for(profile)
     lines = [
         f"# pipeline {pipeline.name}: {' -> '.join(pipeline.names())} "
-        f"(run folder {out}, profile {type(profile).__name__})",
+        f"(run folder {out}, {launcher.kind} launcher)",
         f"# starting model {pipeline.model}; each later stage starts from the one before's "
         "export (<out>/stages/<stage>/hf)",
         "# no checks of this machine are run (later stages start from exports not made yet); "
         "`rlfleet rl <kind> -c <recipe> --dry-run` checks one stage",
     ]
-    if isinstance(profile, LocalProfile):
-        lines.append(
-            "# one local fleet for the run; the rollout starts once: "
-            + shlex.join([f"rollout {o}" for o in rollout])
-        )
+    lines += launcher.pipeline_notes(rollout)
     for index, (stage, recipe) in enumerate(zip(pipeline.stages, recipes, strict=True)):
         stage_dir = PipelineFolder(out).stage(stage.name).root
         lines += ["", f"## stage {index + 1}/{len(recipes)}: {stage.name}", ""]
@@ -53,24 +50,10 @@ def pipeline_plan(out: Path, spec: RunSpec, profile: Profile) -> str:
             f"#   blend: {stage.blend} -> {data_dir(out, stage)}",
             f"#   starts from: {recipe.policy.model}",
         ]
-        if isinstance(profile, LocalProfile):
-            services, overrides = fleet[index]
-            lines.append(f"#   fleet: {', '.join(services)}")
-            lines += [
-                f"#     {name}: {' '.join(overrides[name])}"
-                for name in services
-                if overrides.get(name) and name != "rollout"
-            ]
-            wired = ["services.rollout=<rollout>", "services.reward=<reward>"]
-            recipe_file = PipelineFolder(out).stage(stage.name).recipe_yaml
-            lines.append(shlex.join(trainer_command(recipe_file, stage_dir, wired)))
-        else:
-            if isinstance(profile, ComposeProfile):
-                lines.append(
-                    f"#   compose: the rollout container serves {pipeline.model}; the stage's "
-                    "trainer publishes its starting weights before its first sample"
-                )
-            lines.append(launch_plan(recipe, profile, stage_dir, spec.engine).rstrip("\n"))
+        recipe_file = PipelineFolder(out).stage(stage.name).recipe_yaml
+        lines += launcher.pipeline_stage_plan(
+            recipe, stage_dir, spec.engine, fleet[index], recipe_file, pipeline.model
+        )
         if stage.name in regression:
             lines.append(
                 f"#   measured again at the end on the final weights ({stage.name} held-out)"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,24 +31,13 @@ from rlfleet_core.config import (
     ConfigError,
     format_override,
     load_service_config,
-    overrides_variable,
-    read_yaml,
 )
 from rlfleet_core.tracking import INSTALL_HINT, LoggerConfig
 
-from rlfleet_pipeline.fleet import wiring
-from rlfleet_pipeline.launch.compose import ComposeError
-from rlfleet_pipeline.launch.profiles import ComposeProfile, Profile, SlurmProfile
-from rlfleet_pipeline.launch.slurm import components, service_commands
-from rlfleet_pipeline.services import SERVICE_INSTANCES, ServiceNotFound, get_service
+from rlfleet_pipeline.launcher import Launcher
+from rlfleet_pipeline.services import ServiceNotFound, get_service
 from rlfleet_pipeline.stage import (
     SWE_AGENT_ENV,
-    StageError,
-    compose_env,
-    compose_model_problem,
-    compose_stack,
-    local_services,
-    rollout_overrides,
     stage_envs,
     stage_services,
 )
@@ -60,77 +48,6 @@ JUDGE_ENVS = GROUP_JUDGE_ENVS | {"safety"}
 """Environments that always ask the reward gateway's judge (`judge.base_url`); rows of
 `multi_challenge` (question items) and `single_step_tool_use_with_argument_comparison`
 (`judge_arguments`) ask it only when they say so."""
-
-# ${VAR:-default} in a compose command: the value the launcher sets, else the default.
-_COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
-
-
-def _key_values(args: list[str]) -> list[str]:
-    """The `key=value` overrides of a service command line (flags and their values skipped)."""
-    found, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg.startswith("-"):
-            skip = "=" not in arg
-        elif "=" in arg:
-            found.append(arg)
-    return found
-
-
-def local_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
-    """What LocalFleet passes each service: its wiring, then the stage's overrides."""
-    services = local_services(recipe)
-    extra = rollout_overrides(recipe, engine)
-    return {s: [*wiring(s, services, lambda _: "127.0.0.1:0"), *extra.get(s, [])] for s in services}
-
-
-def compose_overrides(
-    recipe: RecipeConfig, profile: ComposeProfile, engine: str
-) -> dict[str, list[str]]:
-    """What each service `run_compose` starts is given, in the order it applies them: the
-    overrides in its `environment:`'s RLFLEET_<SERVICE>_OVERRIDES, then the `key=value`
-    items of its `command:`; the compose file's variables filled in as `run_compose` sets them."""
-    env = compose_env(recipe, engine)
-
-    def fill(text: object) -> str:
-        return _COMPOSE_VAR.sub(lambda m: env.get(m.group(1), m.group(2) or ""), str(text))
-
-    path = compose_stack(profile).compose_file
-    try:
-        services = read_yaml(path).get("services", {})
-    except ConfigError as exc:
-        raise StageError(f"--run compose: {exc}") from None
-    plan = {}
-    for name in local_services(recipe):
-        spec = services.get(name) or {}
-        environment = spec.get("environment") or {}
-        program = SERVICE_INSTANCES.get(name, name)
-        listed = (
-            environment.get(overrides_variable(program)) if isinstance(environment, dict) else None
-        )
-        try:
-            from_env = json.loads(fill(listed)) if listed else []
-        except ValueError:
-            raise StageError(
-                f"--run compose: {path}: {name}'s {overrides_variable(program)} is not JSON"
-            ) from None
-        args = [fill(a) for a in spec.get("command") or []]
-        plan[name] = [*from_env, *_key_values(args[1:])]
-    return plan
-
-
-def planned_overrides(
-    recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str
-) -> dict[str, list[str]]:
-    """Each service the plan starts -> the `key=value` overrides it is given."""
-    if isinstance(profile, SlurmProfile):
-        comps = components(profile, stage_services(recipe))
-        commands = service_commands(profile, comps, rollout_overrides(recipe, engine))
-        return {name: _key_values(command[1:]) for name, command in commands.items()}
-    if isinstance(profile, ComposeProfile):
-        return compose_overrides(recipe, profile, engine)
-    return local_overrides(recipe, engine)
 
 
 def service_problem(name: str, overrides: list[str], *, installed_only: bool) -> str | None:
@@ -238,31 +155,6 @@ def swe_image_problem(recipe: RecipeConfig) -> str | None:
     return None
 
 
-def compose_problem(recipe: RecipeConfig, profile: ComposeProfile) -> str | None:
-    """What `run_compose` refuses before `up`: a model the container cannot serve, no
-    Docker engine or compose plugin, an image not built."""
-    problem = compose_model_problem(recipe)
-    if problem is not None:
-        return problem
-    stack = compose_stack(profile)
-    try:
-        stack.check_docker()
-        stack.check_images(stage_services(recipe))
-    except ComposeError as exc:
-        return str(exc)
-    return None
-
-
-def trainer_world_size(recipe: RecipeConfig, profile: Profile) -> int:
-    """Trainer ranks in one torch.distributed world under `profile`: locally (and for
-    compose) torchrun starts policy.world_size (TP x PP x CP x DP) ranks; on SLURM the
-    trainer component's nodes x tasks per node."""
-    if isinstance(profile, SlurmProfile):
-        trainer = components(profile, stage_services(recipe))[0]
-        return trainer.nodes * trainer.tasks_per_node
-    return recipe.policy.world_size
-
-
 def tracker_problem(config: LoggerConfig) -> str | None:
     """An enabled tracker whose package is not installed (the trainer imports it only
     when it starts: say so before any service does)."""
@@ -277,24 +169,23 @@ def tracker_problem(config: LoggerConfig) -> str | None:
     return None
 
 
-def preflight(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str) -> str | None:
-    """The first reason the stage would not start under `profile`, or None: the same
-    message whether `rlfleet rl` is asked for a dry-run or a start."""
-    if isinstance(profile, ComposeProfile):  # what run_compose checks first
-        problem = compose_problem(recipe, profile)
-        if problem is not None:
-            return problem
-    plan = planned_overrides(recipe, profile, run_dir, engine)
-    local = not isinstance(profile, (ComposeProfile, SlurmProfile))
+def preflight(recipe: RecipeConfig, launcher: Launcher, run_dir: Path, engine: str) -> str | None:
+    """The first reason the stage would not start under `launcher` (its profile's), or
+    None: the same message whether `rlfleet rl` is asked for a dry-run or a start."""
+    problem = launcher.start_problem(recipe)  # what the launcher checks first
+    if problem is not None:
+        return problem
+    plan = launcher.planned_overrides(recipe, run_dir, engine)
+    here = launcher.services_here
     for name, overrides in plan.items():
-        problem = service_problem(name, overrides, installed_only=not local)
+        problem = service_problem(name, overrides, installed_only=not here)
         if problem is not None:
             return problem
     return (
         tracker_problem(recipe.logger)
         or wiring_problem(recipe, plan)
-        or start_problem(recipe, trainer_world_size(recipe, profile))
-        or (swe_image_problem(recipe) if local else None)
+        or start_problem(recipe, launcher.trainer_world_size(recipe))
+        or (swe_image_problem(recipe) if here else None)
     )
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_contracts.recipe import STAGE_KINDS, RecipeConfig
 from rlfleet_contracts.run_folder import StageFolder
 from rlfleet_core.auth import TOKEN_FILE_ENV
 from rlfleet_core.config import dump_yaml
@@ -31,19 +31,15 @@ from rlfleet_pipeline.launch.compose import (
     reward_target_env,
     token_file_for,
 )
-from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, Profile, SlurmProfile
-from rlfleet_pipeline.launch.slurm_job import slurm_script
-from rlfleet_pipeline.services import service_command
+from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile
 from rlfleet_pipeline.stage_plan import (
     ROLLOUT_ENGINES,
-    STAGE_KINDS,
     SWE_AGENT_ENV,
     StageError,
     judge_overrides,
     local_services,
     rollout_overrides,
     stage_envs,
-    stage_kind,
     stage_services,
 )
 
@@ -71,10 +67,10 @@ def shell_exit_code(code: int) -> int:
 def check_stage(kind: str, recipe: RecipeConfig, recipe_name: str) -> None:
     if kind not in STAGE_KINDS:
         raise StageError(f"stage {kind!r}: expected one of {', '.join(STAGE_KINDS)}")
-    if not recipe.stage.startswith(kind):
+    if recipe.kind != kind:
         raise StageError(
-            f"recipe {recipe_name} is stage {recipe.stage!r}, not {kind!r}; "
-            f"use `rlfleet rl {stage_kind(recipe)} -c {recipe_name}`"
+            f"recipe {recipe_name} is stage {recipe.stage!r} (kind {recipe.kind}), not {kind!r}; "
+            f"use `rlfleet rl {recipe.kind} -c {recipe_name}`"
         )
 
 
@@ -151,60 +147,6 @@ def _ranks_of(recipe_file: Path) -> tuple[int, int]:
         return 1, 0
     policy = load_config(RecipeConfig, recipe_file).policy
     return policy.world_size, policy.max_restarts
-
-
-def launch_plan(recipe: RecipeConfig, profile: Profile, run_dir: Path, engine: str = "vllm") -> str:
-    """What would run, as shell text."""
-    services = stage_services(recipe)
-    recipe_file = StageFolder(run_dir).recipe_yaml
-    if isinstance(profile, SlurmProfile):
-        return slurm_script(recipe, profile, run_dir, services, rollout_overrides(recipe, engine))
-    if isinstance(profile, ComposeProfile):
-        stack = compose_stack(profile)
-        services = local_services(recipe)
-        token = token_file_for(run_dir, os.environ)  # made (0600) by the run if missing
-        variables = compose_env(recipe, engine)
-        variables = {  # engine, model, token first: what a reader looks for
-            ROLLOUT_ENGINE_VAR: variables.pop(ROLLOUT_ENGINE_VAR),
-            ROLLOUT_MODEL_VAR: variables.pop(ROLLOUT_MODEL_VAR),
-            TOKEN_FILE_ENV: str(token),
-            **variables,
-        }
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items())
-        up = stack.command(*stack.up_args(profile.wait_timeout_s))
-        train = trainer_command(
-            recipe_file,
-            run_dir,
-            [
-                "services.rollout=127.0.0.1:${ROLLOUT_PORT:-50052}",
-                "services.reward=127.0.0.1:${REWARD_PORT:-50053}",
-                "services.weight_transport=grpc_stream",
-            ],
-        )
-        return (
-            f"{env} {shlex.join([*up, *services])}\n{env} {' '.join(train)}\n"
-            f"{shlex.join(stack.command('down', '--timeout', '10', '--remove-orphans'))}"
-            "   # unless --keep-up\n"
-        )
-    services = local_services(recipe)
-    judge = judge_overrides(recipe, engine).get("judge", [])
-    lines = [
-        f"# local: {', '.join(services)} as processes on free loopback ports (logs in {run_dir}/logs)"
-    ]
-    lines += [
-        f"{shlex.join(service_command(s))} --port <free> --http-port <free>"
-        + (f" engine={engine} model={shlex.quote(recipe.policy.model)}" if s == "rollout" else "")
-        + (f" {shlex.join(judge)}   # judge" if s == "judge" else "")
-        for s in services
-    ]
-    lines.append(
-        shlex.join(
-            trainer_command(
-                recipe_file, run_dir, ["services.rollout=<rollout>", "services.reward=<reward>"]
-            )
-        )
-    )
-    return "\n".join(lines) + "\n"
 
 
 def run_local(
@@ -358,13 +300,11 @@ __all__ = [
     "compose_env",
     "default_run_dir",
     "judge_overrides",
-    "launch_plan",
     "local_services",
     "rollout_overrides",
     "run_compose",
     "run_local",
     "stage_envs",
-    "stage_kind",
     "stage_services",
     "summary",
 ]

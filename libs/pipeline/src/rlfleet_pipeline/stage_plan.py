@@ -11,16 +11,10 @@ from rlfleet_core.override_values import quote_value
 from rlfleet_pipeline.fleet import START_ORDER
 
 
-def stage_kind(recipe: RecipeConfig) -> str:
-    """The `rlfleet rl` kind a stage name starts with (rlvr2, rlvr-tooluse -> rlvr)."""
-    return next((k for k in STAGE_KINDS if recipe.stage.startswith(k)), recipe.stage)
-
-
 class StageError(ValueError):
     pass
 
 
-STAGE_KINDS = ("rlvr", "swe", "rlhf", "grpo", "dpo")
 SERVICES_FOR_STAGE = {
     "rlvr": ["sandbox", "reward", "rollout"],
     "grpo": ["sandbox", "reward", "rollout"],
@@ -45,9 +39,9 @@ def stage_envs(recipe: RecipeConfig) -> list[str]:
 
 
 def stage_services(recipe: RecipeConfig) -> list[str]:
-    """The services the recipe's stage needs: by its kind (the stage name's prefix); a swe
+    """The services the recipe's stage needs: by its kind (RecipeConfig.kind); a swe
     stage's from what its environments need (SWE_ENV_SERVICES)."""
-    kind = stage_kind(recipe)
+    kind = recipe.kind
     if kind != "swe":
         return SERVICES_FOR_STAGE[kind]
     needed = {"reward", "rollout"}

@@ -4,6 +4,8 @@ compose, or its resolved recipe and launch plan with --dry-run."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,7 +17,6 @@ from rlfleet_cli.ui import Overrides, config_failure, err, fail, out
 
 if TYPE_CHECKING:
     from rlfleet_contracts.recipe import RecipeConfig
-    from rlfleet_pipeline.launch.profiles import SlurmProfile
 
 
 def rl(
@@ -80,20 +81,17 @@ def rl(
     in the env.toml profile) shares the model and compiled-kernel caches of every process.
     """
     from rich.markup import escape
-    from rlfleet_pipeline.caches import use_cache_dir
-    from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile, load_profile
+    from rlfleet_pipeline.launch.compose import ComposeError
+    from rlfleet_pipeline.launch.profiles import load_profile
+    from rlfleet_pipeline.launch.slurm_job import SlurmError
+    from rlfleet_pipeline.launchers import launcher_for
     from rlfleet_pipeline.lineage import write_lineage
     from rlfleet_pipeline.preflight import preflight
     from rlfleet_pipeline.recipes import load_recipe
     from rlfleet_pipeline.stage import (
-        ComposeError,
         StageError,
         check_stage,
         default_run_dir,
-        launch_plan,
-        rollout_overrides,
-        run_compose,
-        run_local,
         shell_exit_code,
         summary,
     )
@@ -101,17 +99,16 @@ def rl(
     try:
         recipe = load_recipe(config, overrides or [])
         check_stage(stage, recipe, config)
-        profile = load_profile(run, env_toml)
-        service_overrides = rollout_overrides(recipe, engine)
+        launcher = launcher_for(load_profile(run, env_toml))
     except ConfigError as exc:
         raise config_failure(exc) from None
     except StageError as exc:
         raise fail(str(exc)) from None
     run_dir = out_dir or default_run_dir(recipe)
     try:
-        plan = launch_plan(recipe, profile, run_dir, engine)
+        plan = launcher.plan(recipe, run_dir, engine)
         # The checks the start runs: a dry-run passes only when the start would pass them.
-        problem = preflight(recipe, profile, run_dir, engine)
+        problem = preflight(recipe, launcher, run_dir, engine)
     except ValueError as exc:  # StageError, or a profile the plan cannot be rendered from
         plan, problem = "", str(exc)
     if dry_run:
@@ -129,36 +126,40 @@ def rl(
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     write_lineage(run_dir.resolve(), recipe, config)
-    if isinstance(profile, LocalProfile | ComposeProfile):
-        use_cache_dir(profile.cache_dir)  # the fleet and the trainer inherit it
-    if isinstance(profile, ComposeProfile):
-        try:
-            code = run_compose(
-                recipe,
-                profile,
-                run_dir,
-                resume,
-                engine=engine,
-                keep_up=keep_up,
-                say=lambda line: err.print(f"rlfleet: {line}", markup=False),
-            )
-        except StageError as exc:
-            raise fail(escape(str(exc))) from None
-        except ComposeError as exc:
-            raise fail(escape(str(exc)), code=1) from None
-        raise typer.Exit(code)
-    from rlfleet_pipeline.launch.profiles import SlurmProfile
-
-    if isinstance(profile, SlurmProfile):
-        raise typer.Exit(_run_slurm(recipe, profile, run_dir, resume, service_overrides))
+    launcher.use_caches()
     started = time.monotonic()
-    code = run_local(recipe, run_dir, resume, service_overrides)
+    try:
+        code = launcher.run_stage(
+            recipe, run_dir, resume=resume, engine=engine, keep_up=keep_up, ui=ConsoleUI()
+        )
+    except StageError as exc:
+        raise fail(escape(str(exc))) from None
+    except (ComposeError, SlurmError, ValueError) as exc:
+        raise fail(escape(str(exc)), code=1) from None
     if code == 0:
         _write_report(run_dir, recipe, config, time.monotonic() - started)
         raise typer.Exit(0)
+    if launcher.explains_its_end:
+        raise typer.Exit(code)
     raise fail(
         escape(trainer_exit_message(recipe.stage, code, run_dir)), code=shell_exit_code(code)
     )
+
+
+class ConsoleUI:
+    """The launchers' StageUI on this CLI's consoles: lines about the run on stderr, the
+    job's own output on stdout, a spinner for the job's state."""
+
+    def say(self, line: str) -> None:
+        err.print(f"rlfleet: {line}", markup=False)
+
+    def show(self, line: str) -> None:
+        out.print(line, markup=False, highlight=False)
+
+    @contextmanager
+    def status(self, text: str) -> Iterator[Callable[[str], None]]:
+        with err.status(text) as spinner:
+            yield spinner.update
 
 
 def trainer_exit_message(stage: str, code: int, run_dir: Path) -> str:
@@ -186,60 +187,3 @@ def _write_report(run_dir: Path, recipe: RecipeConfig, config: str, wall_s: floa
     result = stage_result(PipelineStage(recipe.stage, config, ""), run_dir, wall_s)
     report = write_report(run_dir, [result])
     out.print(f"report: {escape(str(report))}")
-
-
-def _run_slurm(
-    recipe: RecipeConfig,
-    profile: SlurmProfile,
-    run_dir: Path,
-    resume: bool,
-    service_overrides: dict[str, list[str]],
-) -> int:
-    """Submit the stage as one heterogeneous job, show its state (spinner) and the
-    trainer's log until it ends, scancel it on Ctrl-C; the job's exit code (130 when
-    cancelled here)."""
-    from rich.markup import escape
-    from rlfleet_pipeline.launch.slurm_job import JobState, SlurmError, cancel, follow, submit_stage
-    from rlfleet_pipeline.stage import stage_services
-
-    try:
-        job = submit_stage(
-            recipe, profile, run_dir, stage_services(recipe), service_overrides, resume
-        )
-    except (SlurmError, ValueError) as exc:
-        raise fail(escape(str(exc)), code=1) from None
-    err.print(f"rlfleet: submitted job {job.job_id}; logs in {job.log_dir}", markup=False)
-    with err.status(f"job {job.job_id}: submitted") as spinner:
-
-        def on_state(state: JobState) -> None:
-            spinner.update(f"job {job.job_id}: {state.state}")
-            err.print(f"rlfleet: job {job.job_id} {state.state}", markup=False)
-
-        try:
-            final = follow(
-                job,
-                profile.poll_s,
-                on_state,
-                lambda line: out.print(line, markup=False, highlight=False),
-            )
-        except KeyboardInterrupt:
-            spinner.update(f"job {job.job_id}: cancelling (scancel)")
-            try:
-                final = cancel(job, profile.poll_s)
-            except SlurmError as exc:
-                raise fail(escape(str(exc)), code=1) from None
-            err.print(f"rlfleet: job {job.job_id} cancelled: {final.state}", markup=False)
-            return 130
-        except SlurmError as exc:  # the job itself is left alone: it may well still run
-            raise fail(
-                escape(f"{exc}; stopped following job {job.job_id} (scancel {job.job_id} ends it)"),
-                code=1,
-            ) from None
-    if final.state.startswith("COMPLETED"):
-        return 0
-    err.print(
-        f"rlfleet: job {job.job_id} ended {final.state} (exit {final.exit_code}); "
-        f"see {job.log_dir}",
-        markup=False,
-    )
-    return final.exit_code or 1

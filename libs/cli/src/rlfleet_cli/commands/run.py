@@ -108,7 +108,7 @@ def run(
     if dry_run:
         _dry_run(out_dir, spec, profile_name)
         return
-    if profile_name != "local":
+    if not _runs_here(profile_name):
         _run_elsewhere(out_dir, spec, profile_name, resume, last_stage)
         return
     started = time.monotonic()
@@ -193,36 +193,39 @@ def _dry_run(out_dir: Path, spec: Any, profile_name: str) -> None:
     out.print(text, end="", markup=False, highlight=False)
 
 
+def _launcher(profile_name: str) -> Any:
+    from rlfleet_pipeline.launch.profiles import load_profile
+    from rlfleet_pipeline.launchers import launcher_for
+
+    try:
+        return launcher_for(load_profile(profile_name))
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+
+
+def _runs_here(profile_name: str) -> bool:
+    """The pipeline's services run on this machine (a local profile), under the progress
+    view and the doctor's checks; elsewhere (compose), through the profile's launcher."""
+    return bool(_launcher(profile_name).services_here)
+
+
 def _run_elsewhere(
     out_dir: Path, spec: Any, profile_name: str, resume: bool, last_stage: str | None
 ) -> None:
-    """A pipeline on the compose stack (the only profile besides local that runs here)."""
+    """A pipeline through a profile's launcher (compose; SLURM says how to run its stages)."""
     from rich.markup import escape
     from rlfleet_pipeline.launch.compose import ComposeError
-    from rlfleet_pipeline.launch.profiles import ComposeProfile, load_profile
+    from rlfleet_pipeline.launcher import NotUnderThisLauncher
     from rlfleet_pipeline.pipeline import PipelineError
-    from rlfleet_pipeline.pipeline_compose import run_pipeline_compose
     from rlfleet_pipeline.pipeline_end import MeasureError
 
-    try:
-        profile = load_profile(profile_name)
-    except ConfigError as exc:
-        raise config_failure(exc) from None
-    if not isinstance(profile, ComposeProfile):
-        raise fail(
-            f"--run {profile_name}: a pipeline runs locally or on compose; for SLURM, "
-            "render each stage's job with `rlfleet run --dry-run --run "
-            f"{profile_name}` and submit them with `rlfleet rl`"
-        )
+    from rlfleet_cli.commands.rl import ConsoleUI
+
+    launcher = _launcher(profile_name)
     started = time.monotonic()
     try:
-        report = run_pipeline_compose(
-            out_dir,
-            spec,
-            profile,
-            resume=resume,
-            until=last_stage,
-            say=lambda line: err.print(f"rlfleet: {line}", markup=False),
+        report = launcher.run_pipeline(
+            out_dir, spec, resume=resume, until=last_stage, ui=ConsoleUI()
         )
     except KeyboardInterrupt:
         err.print(
@@ -231,6 +234,8 @@ def _run_elsewhere(
         raise typer.Exit(130) from None
     except ConfigError as exc:
         raise config_failure(exc) from None
+    except NotUnderThisLauncher as exc:
+        raise fail(escape(f"--run {profile_name}: {exc}")) from None
     except (PipelineError, ComposeError, MeasureError, ValueError) as exc:
         raise fail(escape(str(exc)), code=1) from None
     summary = json.loads(PipelineFolder(report.parent).report_json.read_text())
