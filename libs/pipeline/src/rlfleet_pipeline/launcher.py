@@ -17,6 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -57,6 +58,33 @@ class PrintUI:
         yield print
 
 
+@dataclass(frozen=True)
+class StageRun:
+    """What `run_stage` is asked to run."""
+
+    recipe: RecipeConfig
+    run_dir: Path
+    engine: str
+    resume: bool = False
+    keep_up: bool = False
+    """compose: leave the services running after the stage."""
+    ui: StageUI = field(default_factory=PrintUI)
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """One stage of a pipeline's `rlfleet run --dry-run`."""
+
+    recipe: RecipeConfig
+    stage_dir: Path
+    recipe_file: Path
+    engine: str
+    fleet: tuple[list[str], dict[str, list[str]]]
+    """The pipeline's one fleet at this stage: its services, their stage overrides."""
+    pipeline_model: str
+    """The model the run starts from (what a compose rollout container serves)."""
+
+
 class Launcher(ABC):
     """Where and how a stage's services and trainer run."""
 
@@ -94,35 +122,16 @@ class Launcher(ABC):
         return None
 
     @abstractmethod
-    def run_stage(
-        self,
-        recipe: RecipeConfig,
-        run_dir: Path,
-        *,
-        resume: bool,
-        engine: str,
-        keep_up: bool,
-        ui: StageUI,
-    ) -> int:
+    def run_stage(self, run: StageRun) -> int:
         """Run the stage; the trainer's (or job's) exit code."""
 
     def pipeline_notes(self, rollout: list[str]) -> list[str]:
         """Lines of `rlfleet run --dry-run` about the whole run under this launcher."""
         return []
 
-    def pipeline_stage_plan(
-        self,
-        recipe: RecipeConfig,
-        stage_dir: Path,
-        engine: str,
-        fleet: tuple[list[str], dict[str, list[str]]],
-        recipe_file: Path,
-        pipeline_model: str,
-    ) -> list[str]:
-        """A pipeline stage's part of `rlfleet run --dry-run`; `fleet` is the pipeline's
-        one fleet at this stage (services, their stage overrides), `pipeline_model` the
-        model the run starts from."""
-        return [self.plan(recipe, stage_dir, engine).rstrip("\n")]
+    def pipeline_stage_plan(self, stage: PlannedStage) -> list[str]:
+        """A pipeline stage's part of `rlfleet run --dry-run`."""
+        return [self.plan(stage.recipe, stage.stage_dir, stage.engine).rstrip("\n")]
 
     def run_pipeline(
         self, out: Path, spec: Any, *, resume: bool, until: str | None, ui: StageUI
@@ -148,4 +157,12 @@ def key_values(args: list[str]) -> list[str]:
     return found
 
 
-__all__ = ["Launcher", "NotUnderThisLauncher", "PrintUI", "StageUI", "key_values"]
+__all__ = [
+    "Launcher",
+    "NotUnderThisLauncher",
+    "PlannedStage",
+    "PrintUI",
+    "StageRun",
+    "StageUI",
+    "key_values",
+]

@@ -34,7 +34,7 @@ from rlfleet_pipeline.launch.slurm_job import (
     slurm_script,
     submit_stage,
 )
-from rlfleet_pipeline.launcher import Launcher, StageUI, key_values
+from rlfleet_pipeline.launcher import Launcher, PlannedStage, StageRun, StageUI, key_values
 from rlfleet_pipeline.services import SERVICE_INSTANCES, service_command
 from rlfleet_pipeline.stage import (
     StageError,
@@ -132,17 +132,9 @@ class LocalLauncher(Launcher):
     def use_caches(self) -> None:
         use_cache_dir(self.profile.cache_dir)
 
-    def run_stage(
-        self,
-        recipe: RecipeConfig,
-        run_dir: Path,
-        *,
-        resume: bool,
-        engine: str,
-        keep_up: bool,
-        ui: StageUI,
-    ) -> int:
-        return run_local(recipe, run_dir, resume, rollout_overrides(recipe, engine))
+    def run_stage(self, run: StageRun) -> int:
+        overrides = rollout_overrides(run.recipe, run.engine)
+        return run_local(run.recipe, run.run_dir, run.resume, overrides)
 
     def pipeline_notes(self, rollout: list[str]) -> list[str]:
         return [
@@ -150,16 +142,8 @@ class LocalLauncher(Launcher):
             + shlex.join([f"rollout {o}" for o in rollout])
         ]
 
-    def pipeline_stage_plan(
-        self,
-        recipe: RecipeConfig,
-        stage_dir: Path,
-        engine: str,
-        fleet: tuple[list[str], dict[str, list[str]]],
-        recipe_file: Path,
-        pipeline_model: str,
-    ) -> list[str]:
-        services, overrides = fleet
+    def pipeline_stage_plan(self, stage: PlannedStage) -> list[str]:
+        services, overrides = stage.fleet
         lines = [f"#   fleet: {', '.join(services)}"]
         lines += [
             f"#     {name}: {' '.join(overrides[name])}"
@@ -167,7 +151,7 @@ class LocalLauncher(Launcher):
             if overrides.get(name) and name != "rollout"
         ]
         wired = ["services.rollout=<rollout>", "services.reward=<reward>"]
-        lines.append(shlex.join(trainer_command(recipe_file, stage_dir, wired)))
+        lines.append(shlex.join(trainer_command(stage.recipe_file, stage.stage_dir, wired)))
         return lines
 
 
@@ -226,35 +210,22 @@ class ComposeLauncher(Launcher):
     def use_caches(self) -> None:
         use_cache_dir(self.profile.cache_dir)
 
-    def run_stage(
-        self,
-        recipe: RecipeConfig,
-        run_dir: Path,
-        *,
-        resume: bool,
-        engine: str,
-        keep_up: bool,
-        ui: StageUI,
-    ) -> int:
+    def run_stage(self, run: StageRun) -> int:
         return run_compose(
-            recipe, self.profile, run_dir, resume, engine=engine, keep_up=keep_up, say=ui.say
+            run.recipe,
+            self.profile,
+            run.run_dir,
+            run.resume,
+            engine=run.engine,
+            keep_up=run.keep_up,
+            say=run.ui.say,
         )
 
-    def pipeline_stage_plan(
-        self,
-        recipe: RecipeConfig,
-        stage_dir: Path,
-        engine: str,
-        fleet: tuple[list[str], dict[str, list[str]]],
-        recipe_file: Path,
-        pipeline_model: str,
-    ) -> list[str]:
+    def pipeline_stage_plan(self, stage: PlannedStage) -> list[str]:
         return [
-            f"#   compose: the rollout container serves {pipeline_model}; the stage's "
+            f"#   compose: the rollout container serves {stage.pipeline_model}; the stage's "
             "trainer publishes its starting weights before its first sample",
-            *super().pipeline_stage_plan(
-                recipe, stage_dir, engine, fleet, recipe_file, pipeline_model
-            ),
+            *super().pipeline_stage_plan(stage),
         ]
 
     def run_pipeline(
@@ -288,22 +259,16 @@ class SlurmLauncher(Launcher):
         trainer = components(self.profile, stage_services(recipe))[0]
         return trainer.nodes * trainer.tasks_per_node
 
-    def run_stage(
-        self,
-        recipe: RecipeConfig,
-        run_dir: Path,
-        *,
-        resume: bool,
-        engine: str,
-        keep_up: bool,
-        ui: StageUI,
-    ) -> int:
+    def run_stage(self, run: StageRun) -> int:
         """Submit the stage as one job, keep its state on a status line and show the
         trainer's log until it ends, scancel it on Ctrl-C; the job's exit code (130 when
         cancelled here). SlurmError (one line) when it cannot be submitted or followed."""
         profile: SlurmProfile = self.profile
-        overrides = rollout_overrides(recipe, engine)
-        job = submit_stage(recipe, profile, run_dir, stage_services(recipe), overrides, resume)
+        ui, recipe = run.ui, run.recipe
+        overrides = rollout_overrides(recipe, run.engine)
+        job = submit_stage(
+            recipe, profile, run.run_dir, stage_services(recipe), overrides, run.resume
+        )
         ui.say(f"submitted job {job.job_id}; logs in {job.log_dir}")
         with ui.status(f"job {job.job_id}: submitted") as update:
 

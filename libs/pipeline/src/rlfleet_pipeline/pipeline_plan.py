@@ -14,6 +14,7 @@ from pathlib import Path
 from rlfleet_contracts.run_folder import PipelineFolder
 
 from rlfleet_pipeline.launch.profiles import Profile
+from rlfleet_pipeline.launcher import PlannedStage
 from rlfleet_pipeline.launchers import launcher_for
 from rlfleet_pipeline.pipeline import RunSpec, data_dir, pipeline_of, stage_recipe
 from rlfleet_pipeline.pipeline_end import REGRESSION_SERVICES, EndMeasures
@@ -52,7 +53,7 @@ def pipeline_plan(out: Path, spec: RunSpec, profile: Profile) -> str:
         ]
         recipe_file = PipelineFolder(out).stage(stage.name).recipe_yaml
         lines += launcher.pipeline_stage_plan(
-            recipe, stage_dir, spec.engine, fleet[index], recipe_file, pipeline.model
+            PlannedStage(recipe, stage_dir, recipe_file, spec.engine, fleet[index], pipeline.model)
         )
         if stage.name in regression:
             lines.append(

@@ -84,6 +84,7 @@ def rl(
     from rlfleet_pipeline.launch.compose import ComposeError
     from rlfleet_pipeline.launch.profiles import load_profile
     from rlfleet_pipeline.launch.slurm_job import SlurmError
+    from rlfleet_pipeline.launcher import StageRun
     from rlfleet_pipeline.launchers import launcher_for
     from rlfleet_pipeline.lineage import write_lineage
     from rlfleet_pipeline.preflight import preflight
@@ -130,7 +131,7 @@ def rl(
     started = time.monotonic()
     try:
         code = launcher.run_stage(
-            recipe, run_dir, resume=resume, engine=engine, keep_up=keep_up, ui=ConsoleUI()
+            StageRun(recipe, run_dir, engine, resume=resume, keep_up=keep_up, ui=ConsoleUI())
         )
     except StageError as exc:
         raise fail(escape(str(exc))) from None
