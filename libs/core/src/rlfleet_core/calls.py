@@ -123,8 +123,8 @@ Metadata = Sequence[tuple[str, str]]
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One service as a client calls it: its name in messages, its target, a stub (aio or
-    blocking, made from an `rlfleet_core.client` channel)."""
+    """One service as a client calls it: its name in messages, its target, an aio stub
+    (made from an `rlfleet_core.client.connect` channel)."""
 
     service: str
     target: str
@@ -151,22 +151,6 @@ class Endpoint:
         a gRPC error raises `failed(RpcFailure)`."""
         try:
             return await getattr(self.stub, method)(request, timeout=timeout_s, metadata=metadata)
-        except grpc.RpcError as exc:
-            raise failed(self.failure(method, exc, subject)) from None
-
-    def call_sync(
-        self,
-        method: str,
-        request: Any,
-        *,
-        timeout_s: float | None,
-        metadata: Metadata | None = None,
-        subject: str = "",
-        failed: Raise = CallFailed.of,
-    ) -> Any:
-        """Blocking twin of `call`, for a stub made from `connect_sync`'s channel."""
-        try:
-            return getattr(self.stub, method)(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             raise failed(self.failure(method, exc, subject)) from None
 

@@ -21,9 +21,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rlfleet_core.bwrap import PROCESS_FLAGS, SANDBOX_UID, namespace_flags
+
 logger = logging.getLogger(__name__)
 
-SANDBOX_UID = 65534
 """uid and gid seen inside the sandbox (`nobody`)."""
 SANDBOX_HOSTNAME = "sandbox"
 
@@ -60,28 +61,10 @@ def build_bwrap_command(
     cmd = [
         *prefix,
         bwrap,
-        "--unshare-user",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-net",
-        "--unshare-uts",
-        "--unshare-cgroup",
-        "--disable-userns",
-        "--assert-userns-disabled",
-        "--uid",
-        str(SANDBOX_UID),
-        "--gid",
-        str(SANDBOX_UID),
+        *namespace_flags(SANDBOX_UID),
         "--hostname",
         SANDBOX_HOSTNAME,
-        # The runner is the namespace's init: bwrap's own init would be a dumpable process
-        # of the sandbox's uid that a program could ptrace and that survives between runs;
-        # as init, the runner also cannot be killed from inside.
-        "--as-pid-1",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
+        *PROCESS_FLAGS,
         # Kept only until the runner has mounted /tmp and /dev/shm with an inode limit
         # (bwrap's --size sets no nr_inodes) and dropped every capability (runner.harden).
         "--cap-add",

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlfleet_core.bwrap import PROCESS_FLAGS, SANDBOX_UID, namespace_flags
+
 from rlfleet_pipeline.doctor.check import Check
 
 PROBE_TIMEOUT_S = 20.0
@@ -34,28 +36,10 @@ DISK_FAIL_BYTES = 2 * 2**30
 """Below this a run cannot hold the tiny pipeline's checkpoints and exports."""
 DISK_WARN_BYTES = 10 * 2**30
 
-# The sandbox service's isolation (services/sandbox isolation.py), minus the mounts a
-# real session needs: if this starts, the kernel and container allow the namespaces.
-SANDBOX_UID = 65534
-BWRAP_FLAGS = (
-    "--unshare-user",
-    "--unshare-pid",
-    "--unshare-ipc",
-    "--unshare-net",
-    "--unshare-uts",
-    "--unshare-cgroup",
-    "--disable-userns",
-    "--assert-userns-disabled",
-    "--uid",
-    str(SANDBOX_UID),
-    "--gid",
-    str(SANDBOX_UID),
-    "--as-pid-1",
-    "--die-with-parent",
-    "--new-session",
-    "--cap-drop",
-    "ALL",
-)
+# The sandbox service's isolation (rlfleet_core.bwrap, as services/sandbox isolation.py
+# uses it), minus the mounts a real session needs: if this starts, the kernel and
+# container allow the namespaces.
+BWRAP_FLAGS = (*namespace_flags(SANDBOX_UID), *PROCESS_FLAGS)
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
