@@ -5,7 +5,7 @@ the status, never a silent default.
 
 Generate is retried on transient failures (`rlfleet_core.calls.CallRetry`, from
 `services.call_attempts` / `services.retry_backoff_s`): the status codes in
-`TRANSIENT_CODES` and an aborted or missing sample. The channel's own gRPC retry
+`rlfleet_core.calls.TRANSIENT_CODES` and an aborted or missing sample. The channel's own gRPC retry
 (UNAVAILABLE before the first response) still runs inside each try.
 """
 
@@ -22,9 +22,9 @@ from grpc import aio
 from rlfleet_contracts.recipe import GenerationConfig
 from rlfleet_core.calls import (
     DEFAULT_RETRY,
-    TRANSIENT_CODES,
     CallFailed,
     CallRetry,
+    RpcFailure,
     call_with_retry,
 )
 from rlfleet_core.client import connect
@@ -172,10 +172,16 @@ class RolloutClient:
             async for result in self.stub.Generate(request, timeout=self.generate_timeout_s):
                 results.append(result)
         except aio.AioRpcError as exc:
+            # A streaming call, so not through Endpoint.call; the same message and
+            # transient rule as every unary call's (rlfleet_core.calls.RpcFailure).
+            rpc = RpcFailure(
+                "rollout", "Generate", self.target, exc.code(), str(exc.details()), request_id
+            )
             raise GenerationFailed(
-                f"Generate {request_id} on {self.target}: {exc.code().name} {exc.details()}",
-                transient=exc.code() in TRANSIENT_CODES,
+                rpc.message,
+                transient=rpc.transient,
                 failed_samples=n,
+                rpc=rpc,
             ) from None
         if len(results) != n or any(
             r.finish_reason == rollout_pb2.FINISH_REASON_ABORT for r in results

@@ -9,13 +9,17 @@ import logging
 import secrets
 from typing import Any
 
-from grpc import aio
 from rlfleet_contracts.reward_client import RewardClient, RewardFailed, Score
 from rlfleet_core.auth import CLIENT_KEY_HEADER
-from rlfleet_core.calls import TRANSIENT_CODES
+from rlfleet_core.calls import RpcFailure
 from rlfleet_proto.v1 import reward_pb2
 
 logger = logging.getLogger(__name__)
+
+
+def _failed(rpc: RpcFailure) -> RewardFailed:
+    # One episode's call: its group loses that one sample.
+    return RewardFailed(rpc.message, transient=rpc.transient, failed_samples=1, rpc=rpc)
 
 
 class EpisodeClient:
@@ -27,15 +31,16 @@ class EpisodeClient:
         # any other caller): one random key per trainer process, never logged.
         self.metadata = ((CLIENT_KEY_HEADER, secrets.token_urlsafe(32)),)
 
-    @property
-    def stub(self) -> Any:
-        return self.reward.stub
-
-    def _failed(self, what: str, exc: aio.AioRpcError) -> RewardFailed:
-        return RewardFailed(
-            f"{what} on {self.reward.target}: {exc.code().name} {exc.details()}",
-            transient=exc.code() in TRANSIENT_CODES,
-            failed_samples=1,
+    async def _call(self, method: str, request: Any, timeout_s: float, subject: str) -> Any:
+        """One episode RPC through the reward client's endpoint (its channel, deadline and
+        failure classification), with this trainer's client key."""
+        return await self.reward.endpoint.call(
+            method,
+            request,
+            timeout_s=timeout_s,
+            metadata=self.metadata,
+            subject=subject,
+            failed=_failed,
         )
 
     def _deadline(self, remaining_s: float | None) -> float:
@@ -46,12 +51,9 @@ class EpisodeClient:
 
     async def open(self, request_id: str, env: str, row_json: str) -> reward_pb2.Episode:
         request = reward_pb2.OpenEpisodeRequest(request_id=request_id, env=env, row_json=row_json)
-        try:
-            episode: reward_pb2.Episode = await self.stub.OpenEpisode(
-                request, metadata=self.metadata, timeout=self.timeout_s
-            )
-        except aio.AioRpcError as exc:
-            raise self._failed(f"OpenEpisode {request_id} ({env})", exc) from None
+        episode: reward_pb2.Episode = await self._call(
+            "OpenEpisode", request, self.timeout_s, f"{request_id} ({env})"
+        )
         return episode
 
     async def step(
@@ -61,12 +63,9 @@ class EpisodeClient:
         remaining_s: float | None = None,
     ) -> reward_pb2.StepResult:
         request = reward_pb2.StepRequest(episode_id=episode_id, calls=calls)
-        try:
-            result: reward_pb2.StepResult = await self.stub.Step(
-                request, metadata=self.metadata, timeout=self._deadline(remaining_s)
-            )
-        except aio.AioRpcError as exc:
-            raise self._failed(f"Step {episode_id}", exc) from None
+        result: reward_pb2.StepResult = await self._call(
+            "Step", request, self._deadline(remaining_s), episode_id
+        )
         if len(result.results) != len(calls):
             raise RewardFailed(
                 f"Step {episode_id}: {len(result.results)} results for {len(calls)} calls",
@@ -84,12 +83,7 @@ class EpisodeClient:
                 text=text, reasoning_text=reasoning, num_tokens=num_tokens
             ),
         )
-        try:
-            result = await self.stub.CloseEpisode(
-                request, metadata=self.metadata, timeout=self.timeout_s
-            )
-        except aio.AioRpcError as exc:
-            raise self._failed(f"CloseEpisode {episode_id}", exc) from None
+        result = await self._call("CloseEpisode", request, self.timeout_s, episode_id)
         if result.failure_kind != reward_pb2.FAILURE_KIND_NONE:
             kind = reward_pb2.FailureKind.Name(result.failure_kind)
             raise RewardFailed(
@@ -105,8 +99,6 @@ class EpisodeClient:
         request = reward_pb2.CloseEpisodeRequest(episode_id=episode_id, abandon=True)
         try:
             # With the key that opened it: the gateway refuses a keyless close.
-            await self.stub.CloseEpisode(request, metadata=self.metadata, timeout=self.timeout_s)
-        except aio.AioRpcError as exc:
-            logger.warning(
-                "abandoning episode %s: %s %s", episode_id, exc.code().name, exc.details()
-            )
+            await self._call("CloseEpisode", request, self.timeout_s, f"{episode_id} (abandon)")
+        except RewardFailed as exc:
+            logger.warning("abandoning episode %s: %s", episode_id, exc)
