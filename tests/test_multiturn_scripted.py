@@ -31,7 +31,8 @@ from rlfleet_trainer.agent.tool_format import HermesFormat
 from rlfleet_trainer.batch import build_train_batch
 from rlfleet_trainer.clients import RolloutClient, Sampling
 from rlfleet_trainer.data import Prompt
-from rlfleet_trainer.testing_agent import DoubleEpisodes, serve_servicer
+from rlfleet_trainer.testing import serve_servicer
+from rlfleet_trainer.testing_agent import DoubleEpisodes
 
 
 def call(name: str, **arguments: Any) -> str:

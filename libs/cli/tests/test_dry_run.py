@@ -28,20 +28,7 @@ from typer.testing import CliRunner
 pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
 
 # A SLURM profile with an image for every service (the plan is rendered, never submitted).
-ENV_TOML = """\
-[cluster]
-launcher = "slurm"
-account = "a"
-partition = "p"
-[cluster.nodes]
-swe_runner = 1
-[cluster.images]
-trainer = "t.sqsh"
-rollout = "r.sqsh"
-reward = "w.sqsh"
-sandbox = "s.sqsh"
-swe-runner = "e.sqsh"
-"""
+ENV_TOML = (Path(__file__).parent / "fixtures" / "slurm_env.toml").read_text()
 PROFILES = ("local", "compose", "cluster")
 TINY_BLENDS = ("tiny-rlvr1", "tiny-rlvr2", "tiny-rlvr3", "tiny-mix", "tiny-tooluse", "tiny-rlhf")
 

@@ -10,18 +10,8 @@ import pytest
 from rlfleet_cli.main import app
 from typer.testing import CliRunner
 
-ENV_TOML = """\
-[cluster]
-launcher = "slurm"
-account = "a"
-partition = "p"
-[cluster.images]
-trainer = "t.sqsh"
-rollout = "r.sqsh"
-reward = "w.sqsh"
-sandbox = "s.sqsh"
-swe-runner = "e.sqsh"
-"""
+# A SLURM profile with an image for every service (the plan is rendered, never submitted).
+ENV_TOML = (Path(__file__).parent / "fixtures" / "slurm_env.toml").read_text()
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[int, str]:

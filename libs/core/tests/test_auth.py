@@ -37,6 +37,7 @@ from rlfleet_core.server import (
     ServiceDefinition,
     start_service,
 )
+from rlfleet_core.testing import add_bytes_methods, count_up_to
 
 SERVICE_NAME = "rlfleet.test.Guarded"
 TOKEN = "tok-" + "x" * 40
@@ -50,22 +51,13 @@ class GuardedService(BaseService):
         async def echo(request: bytes, context: aio.ServicerContext) -> bytes:
             return request
 
-        async def count(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
-            for i in range(int(request.decode())):
-                yield str(i).encode()
-
         async def trickle(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
             for _ in range(100):
                 await asyncio.sleep(0.1)
                 yield b"."
 
-        handlers = {
-            "Echo": grpc.unary_unary_rpc_method_handler(echo),
-            "Count": grpc.unary_stream_rpc_method_handler(count),
-            "Trickle": grpc.unary_stream_rpc_method_handler(trickle),
-        }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        add_bytes_methods(
+            server, SERVICE_NAME, {"Echo": echo}, {"Count": count_up_to, "Trickle": trickle}
         )
 
     def http_routes(self, app: FastAPI) -> None:

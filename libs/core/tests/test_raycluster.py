@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from rlfleet_core import raycluster, rayhead
+from rlfleet_core.processes import pid_alive
 from rlfleet_core.raycluster import RayConfig, connect
 
 
@@ -87,14 +88,6 @@ def _starts(folder: Path) -> list[tuple[int, str]]:
             for i in range(len(list(folder.glob("start-*"))))]  # fmt: skip
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
 def _connect(
     ray: _FlakyRay, start_timeout_s: float, monkeypatch: pytest.MonkeyPatch, **extra: Any
 ) -> bool:
@@ -119,7 +112,7 @@ def test_the_private_ray_is_a_process_of_its_own_joined_by_address(
     assert ray.addresses == ["127.0.0.1:6000"]  # never address="local" in the service
     ((pid, options),) = _starts(folder)
     assert __import__("json").loads(options)["num_cpus"] == 3
-    assert not _alive(pid), "shutdown leaves the private head running"
+    assert not pid_alive(pid), "shutdown leaves the private head running"
 
 
 def test_a_head_that_hangs_is_killed_and_started_again(
@@ -129,9 +122,9 @@ def test_a_head_that_hangs_is_killed_and_started_again(
     ray = _FlakyRay(failures=0)
     assert _connect(ray, 6, monkeypatch) is True
     (hung, _), (second, _) = _starts(folder)
-    assert not _alive(hung), "the hung head was left running"
+    assert not pid_alive(hung), "the hung head was left running"
     assert ray.addresses == ["127.0.0.1:6001"]
-    assert not _alive(second)
+    assert not pid_alive(second)
 
 
 def test_a_head_failing_on_rays_own_wait_is_retried_other_errors_are_not(
@@ -178,7 +171,7 @@ def test_other_errors_and_a_spent_deadline_are_not_retried(
     with pytest.raises(RuntimeError, match="bad num_cpus"):
         _connect(other, 120, monkeypatch)
     assert other.calls == ["init", "shutdown"]
-    assert not any(_alive(pid) for pid, _ in _starts(folder)), "a failed join left the head"
+    assert not any(pid_alive(pid) for pid, _ in _starts(folder)), "a failed join left the head"
     monkeypatch.setattr(raycluster, "RETRY_MIN_LEFT_S", 10.0)
     short = _FlakyRay(failures=5)
     with pytest.raises(RuntimeError, match="timed out during startup"):
@@ -204,7 +197,7 @@ def test_a_real_private_ray_starts_and_stops_with_the_service() -> None:
 
     pid, address = asyncio.run(go())
     assert address and not address.startswith("local")
-    assert not _alive(pid)
+    assert not pid_alive(pid)
     assert not ray.is_initialized()
 
 

@@ -28,6 +28,7 @@ from rlfleet_core.server import (
     ServiceDefinition,
     start_service,
 )
+from rlfleet_core.testing import add_bytes_methods, count_up_to
 
 SERVICE_NAME = "rlfleet.test.Echo"
 
@@ -65,29 +66,22 @@ class EchoService(BaseService):
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
             return str(self.flaky_calls).encode()
 
-        async def count(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
-            for i in range(int(request.decode())):
-                yield str(i).encode()
-
         async def count_then_fail(
             request: bytes, context: aio.ServicerContext
         ) -> AsyncIterator[bytes]:
             yield b"0"
             raise InvalidArgument("n", "too large")
 
-        handlers = {
-            "Echo": grpc.unary_unary_rpc_method_handler(echo),
-            "Invalid": grpc.unary_unary_rpc_method_handler(invalid),
-            "Busy": grpc.unary_unary_rpc_method_handler(busy),
-            "Boom": grpc.unary_unary_rpc_method_handler(boom),
-            "Slow": grpc.unary_unary_rpc_method_handler(slow),
-            "Flaky": grpc.unary_unary_rpc_method_handler(flaky),
-            "Count": grpc.unary_stream_rpc_method_handler(count),
-            "CountThenFail": grpc.unary_stream_rpc_method_handler(count_then_fail),
+        unary = {
+            "Echo": echo,
+            "Invalid": invalid,
+            "Busy": busy,
+            "Boom": boom,
+            "Slow": slow,
+            "Flaky": flaky,
         }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
-        )
+        streams = {"Count": count_up_to, "CountThenFail": count_then_fail}
+        add_bytes_methods(server, SERVICE_NAME, unary, streams)
 
     def http_routes(self, app: FastAPI) -> None:
         @app.get("/hello")

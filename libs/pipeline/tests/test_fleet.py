@@ -1,19 +1,11 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from rlfleet_core.client import check_health
+from rlfleet_core.processes import pid_alive
 from rlfleet_pipeline.fleet import FleetError, LocalFleet
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_fleet_starts_in_order_serves_and_stops_cleanly(tmp_path: Path) -> None:
@@ -24,7 +16,7 @@ def test_fleet_starts_in_order_serves_and_stops_cleanly(tmp_path: Path) -> None:
             assert check_health(fleet.target(name)) == "SERVING"
         pids = [p.process.pid for p in fleet.processes.values()]
     assert {p.process.returncode for p in fleet.processes.values()} == {0}  # graceful SIGTERM
-    assert not any(alive(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in pids)
     assert "msg=stopped" in (tmp_path / "logs" / "trainer.log").read_text()
 
 

@@ -4,11 +4,11 @@ a second, the reward gateway is wired to both)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from rlfleet_core.client import check_health
+from rlfleet_core.processes import pid_alive
 from rlfleet_pipeline.fleet import FleetError, LocalFleet
 
 pytest.importorskip("rlfleet_reward")
@@ -18,14 +18,6 @@ pytest.importorskip("rlfleet_swe")
 
 def _pids(fleet: LocalFleet) -> dict[str, int]:
     return {name: proc.process.pid for name, proc in fleet.processes.items()}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.budget(180, "a local fleet of services started, changed twice")
@@ -41,7 +33,7 @@ def test_change_adds_stops_and_rewires_only_what_changed(tmp_path: Path) -> None
         assert fleet.change(["sandbox", "reward", "swe-runner"], {}) == ["reward", "swe-runner"]
         second = _pids(fleet)
         assert second["sandbox"] == first["sandbox"] and second["reward"] != first["reward"]
-        assert not _alive(first["reward"])
+        assert not pid_alive(first["reward"])
         reward_log = (tmp_path / "logs" / "reward.log").read_text()
         assert f"swe.target={fleet.target('swe-runner')}" in " ".join(
             fleet.processes["reward"].process.args  # type: ignore[arg-type]
@@ -55,7 +47,7 @@ def test_change_adds_stops_and_rewires_only_what_changed(tmp_path: Path) -> None
         # The swe-runner and the sandbox go: stopped, the gateway rewired without them.
         assert fleet.change(["reward"], fleet.overrides) == ["reward"]
         assert list(fleet.processes) == ["reward"]
-        assert not _alive(third["swe-runner"]) and not _alive(third["sandbox"])
+        assert not pid_alive(third["swe-runner"]) and not pid_alive(third["sandbox"])
         assert check_health(fleet.target("reward")) == "SERVING"
         assert "sandbox.target" not in " ".join(fleet.processes["reward"].process.args)  # type: ignore[arg-type]
     assert any(line.startswith("fleet: stopped") for line in lines)
@@ -67,6 +59,6 @@ def test_a_change_that_fails_stops_the_fleet(tmp_path: Path) -> None:
         runner = fleet.processes["swe-runner"].process.pid
         with pytest.raises(FleetError, match="trainer exited with code 2 while starting"):
             fleet.change(["swe-runner", "trainer"], {"trainer": ["server.grace_s=soon"]})
-        assert not _alive(runner)
+        assert not pid_alive(runner)
     with pytest.raises(FleetError, match="unknown service"):
         LocalFleet(["swe-runner"], tmp_path).change(["nope"], {})

@@ -15,18 +15,11 @@ from pathlib import Path
 import pytest
 from rlfleet_core.auth import TOKEN_ENV, TOKEN_FILE_ENV, write_token_file
 from rlfleet_core.client import check_health
+from rlfleet_core.processes import pid_alive
 from rlfleet_pipeline.caches import CACHE_DIR_ENV, CACHE_SUBDIRS
 from rlfleet_pipeline.fleet import FleetError, LocalFleet
 
 LIGHT = ["trainer", "swe-runner"]  # the two services that start in about a second
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def child_port_args(parent: int) -> list[int]:
@@ -159,7 +152,7 @@ def test_a_failing_service_is_named_and_the_others_are_stopped(tmp_path: Path) -
     assert "trainer exited with code 2 while starting" in str(info.value)
     assert "server.grace_s: expected a number" in str(info.value)  # its log tail
     other = fleet.processes["swe-runner"].process
-    assert other.returncode is not None and not alive(other.pid)
+    assert other.returncode is not None and not pid_alive(other.pid)
     report = json.loads((tmp_path / "startup.json").read_text())
     assert report["total_s"] is None and report["services"]["trainer"]["serving_s"] is None
 

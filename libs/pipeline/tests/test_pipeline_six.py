@@ -36,19 +36,19 @@ def test_the_default_pipeline_is_the_six_stages() -> None:
 
 def test_one_fleet_adds_the_swe_runner_and_the_judge_only_while_needed(tmp_path: Path) -> None:
     plans = pipeline_fleet(_recipes(tmp_path), "hf", ROLLOUT, ("sandbox", "reward", "rollout"))
-    services = {name: plan[0] for name, plan in zip(TINY.names(), plans, strict=True)}
+    services = {name: plan.services for name, plan in zip(TINY.names(), plans, strict=True)}
     assert services["rlvr1"] == services["swe1"] == ["sandbox", "reward", "rollout"]
     assert services["swe2"] == ["sandbox", "reward", "rollout", "swe-runner"]
     assert services["rlhf"] == ["sandbox", "judge", "reward", "rollout"]  # swe-runner stopped
-    for _, overrides in plans:  # the policy's rollout never changes: it is never restarted
-        assert overrides["rollout"] == ROLLOUT
-    swe2, rlhf = plans[4][1], plans[5][1]
+    for plan in plans:  # the policy's rollout never changes: it is never restarted
+        assert plan.given("rollout") == ROLLOUT
+    swe2, rlhf = plans[4].settings, plans[5].settings
     assert any(o.startswith("episodes.tool_timeout_s=") for o in swe2["reward"])
     assert any(o.startswith("judge.prefill=") for o in rlhf["reward"])
     assert rlhf["judge"][:2] == ["engine=hf", "model=smollm2-135m-instruct"]
     # Without the end-of-run measurements, the sandbox goes once no stage needs it.
     bare = pipeline_fleet(_recipes(tmp_path), "hf", ROLLOUT)
-    assert bare[5][0] == ["judge", "reward", "rollout"]
+    assert bare[5].services == ["judge", "reward", "rollout"]
 
 
 def test_the_shared_rollout_serves_the_longest_stage(tmp_path: Path) -> None:

@@ -21,22 +21,19 @@ from rlfleet_trainer.agent.tool_format import HermesFormat
 from rlfleet_trainer.batch import Trajectory, build_train_batch
 from rlfleet_trainer.clients import RolloutClient, Sampling
 from rlfleet_trainer.data import Prompt
-from rlfleet_trainer.testing_agent import DoubleEpisodes, ScriptedRollout, serve_servicer
+from rlfleet_trainer.testing import serve_servicer
+from rlfleet_trainer.testing_agent import DoubleEpisodes, ScriptedRollout, tool_call
 
 SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, max_tokens=200)
 
 
-def call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
 REACH_GOAL = [  # three tool calls, then the final answer: a = 3, b = "x"
-    call("set_value", key="a", value=1),
-    call("add", key="a", amount=2),
-    call("set_value", key="b", value="x"),
+    tool_call("set_value", key="a", value=1),
+    tool_call("add", key="a", amount=2),
+    tool_call("set_value", key="b", value="x"),
     "Done: a is 3.",
 ]
-MISS_GOAL = [call("set_value", key="a", value=7), "Done."]
+MISS_GOAL = [tool_call("set_value", key="a", value=7), "Done."]
 
 
 def kv_prompt(goal: dict[str, Any] | None = None) -> Prompt:
@@ -141,7 +138,7 @@ async def test_three_tool_calls_reach_the_goal_and_only_model_tokens_get_loss(
 
 
 async def test_a_malformed_call_is_answered_with_an_error_the_model_sees(tokenizer: Any) -> None:
-    script = ["<tool_call>{oops</tool_call>", call("set_value", key="a", value=3), "All set."]
+    script = ["<tool_call>{oops</tool_call>", tool_call("set_value", key="a", value=3), "All set."]
     async with world(tokenizer, [script]) as w:
         [traj] = await w.agent.group(kv_prompt({"a": 3}), 1, SAMPLING)
         [calls] = [e.calls for e in w.episodes.closed.values()]
@@ -157,7 +154,7 @@ async def test_a_malformed_call_is_answered_with_an_error_the_model_sees(tokeniz
 async def test_a_call_cut_by_the_token_limit_counts_as_malformed(tokenizer: Any) -> None:
     """A turn that ends inside `<tool_call>` (max_tokens) runs nothing, and the unclosed
     call counts as malformed: the trajectory holds a hallucinated call."""
-    script = [call("set_value", key="a", value=3)]
+    script = [tool_call("set_value", key="a", value=3)]
     async with world(tokenizer, [script]) as w:
         [traj] = await w.agent.group(kv_prompt({"a": 3}), 1, replace(SAMPLING, max_tokens=16))
     assert traj.truncated and traj.reward == 0.0
@@ -165,7 +162,7 @@ async def test_a_call_cut_by_the_token_limit_counts_as_malformed(tokenizer: Any)
 
 
 async def test_the_environment_can_end_the_episode(tokenizer: Any) -> None:
-    script = [call("set_value", key="a", value=3) + call("submit"), "never generated"]
+    script = [tool_call("set_value", key="a", value=3) + tool_call("submit"), "never generated"]
     async with world(tokenizer, [script]) as w:
         [traj] = await w.agent.group(kv_prompt({"a": 3}), 1, SAMPLING)
     assert traj.reward == 1.0 and not traj.truncated
@@ -341,7 +338,7 @@ async def test_the_lag_rule_judges_a_trajectory_by_its_oldest_turn(tokenizer: An
 
 
 async def test_a_call_inside_the_reasoning_is_not_made(tokenizer: Any) -> None:
-    thinking = f"<think>I could {call('set_value', key='a', value=3)}</think>No tools needed."
+    thinking = f"<think>I could {tool_call('set_value', key='a', value=3)}</think>No tools needed."
     async with world(tokenizer, [[thinking]]) as w:
         [traj] = await w.agent.group(kv_prompt({}), 1, SAMPLING)
     [episode] = w.episodes.closed.values()

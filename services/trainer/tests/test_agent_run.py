@@ -7,33 +7,21 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import load_config
 from rlfleet_trainer.ledger import Ledger
 from rlfleet_trainer.run import run_stage
-from rlfleet_trainer.testing_agent import DoubleEpisodes, ScriptedRollout, serve_servicer
+from rlfleet_trainer.testing import serve_servicer
+from rlfleet_trainer.testing_agent import (
+    DoubleEpisodes,
+    ScriptedRollout,
+    kv_rows,
+    tool_call,
+)
 
-
-def call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
-REACH = [call("set_value", key="a", value=1), call("add", key="a", amount=2), "Done."]
-MISS = [call("set_value", key="a", value=7), "Done."]
-
-
-def kv_rows(n: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "id": f"kv{i}",
-            "env": "kv",
-            "responses_create_params": {"input": [{"role": "user", "content": f"a=3 ({i})"}]},
-            "goal": {"a": 3},
-        }
-        for i in range(n)
-    ]
+REACH = [tool_call("set_value", key="a", value=1), tool_call("add", key="a", amount=2), "Done."]
+MISS = [tool_call("set_value", key="a", value=7), "Done."]
 
 
 async def test_a_multi_turn_stage_trains_and_validates(tiny_model: Path, tmp_path: Path) -> None:

@@ -8,34 +8,22 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import load_config
 from rlfleet_trainer.run import run_stage
-from rlfleet_trainer.testing_agent import DoubleEpisodes, ScriptedRollout, serve_servicer
+from rlfleet_trainer.testing import serve_servicer
+from rlfleet_trainer.testing_agent import (
+    DoubleEpisodes,
+    ScriptedRollout,
+    kv_rows,
+    tool_call,
+)
 
-
-def call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
-VALID = [call("set_value", key="a", value=1), call("add", key="a", amount=2), "Done."]
-UNKNOWN_TOOL = [call("make_it_three", key="a"), "Done."]
-
-
-def kv_rows(n: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "id": f"kv{i}",
-            "env": "kv",
-            "responses_create_params": {"input": [{"role": "user", "content": f"a=3 ({i})"}]},
-            "goal": {"a": 3},
-        }
-        for i in range(n)
-    ]
+VALID = [tool_call("set_value", key="a", value=1), tool_call("add", key="a", amount=2), "Done."]
+UNKNOWN_TOOL = [tool_call("make_it_three", key="a"), "Done."]
 
 
 def _recipe(tiny_model: Path, rollout: str, reward: str, *extra: str) -> RecipeConfig:

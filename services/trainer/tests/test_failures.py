@@ -12,13 +12,12 @@ from typing import Any
 import grpc
 import pytest
 from rlfleet_contracts.recipe import RecipeConfig
-from rlfleet_core.config import load_config
 from rlfleet_proto.v1 import reward_pb2
 from rlfleet_trainer.collector import FailureBudget
 from rlfleet_trainer.ledger import Ledger
 from rlfleet_trainer.run import run_stage
+from rlfleet_trainer.testing import doubles_recipe, serve_doubles
 from rlfleet_trainer.testing import letter_rows as rows
-from rlfleet_trainer.testing import serve_doubles
 
 TIMEOUT = reward_pb2.FAILURE_KIND_TIMEOUT
 SANDBOX = reward_pb2.FAILURE_KIND_SANDBOX_ERROR
@@ -28,22 +27,18 @@ VERIFIER = reward_pb2.FAILURE_KIND_VERIFIER_ERROR
 
 def recipe(model: Path, rollout: str, reward: str, *overrides: str) -> RecipeConfig:
     """Synchronous, unshuffled: which prompt is issued when is known."""
-    return load_config(
-        RecipeConfig,
-        overrides=[
-            f"policy.model={model}",
-            "policy.max_total_sequence_length=128",
-            "policy.train_micro_batch_size=12",
-            "policy.logprob_micro_batch_size=12",
-            "generation.max_new_tokens=8",
-            "grpo.num_prompts_per_step=3",
-            "grpo.num_generations_per_prompt=4",
-            "grpo.max_trajectory_age_steps=0",
-            "data.shuffle=false",
-            f"services.rollout={rollout}",
-            f"services.reward={reward}",
-            *overrides,
-        ],
+    return doubles_recipe(
+        model,
+        rollout,
+        reward,
+        "policy.train_micro_batch_size=12",
+        "policy.logprob_micro_batch_size=12",
+        "generation.max_new_tokens=8",
+        "grpo.num_prompts_per_step=3",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.max_trajectory_age_steps=0",
+        "data.shuffle=false",
+        *overrides,
     )
 
 

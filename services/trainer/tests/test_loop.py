@@ -9,33 +9,28 @@ from pathlib import Path
 
 import pytest
 from rlfleet_contracts.recipe import RecipeConfig
-from rlfleet_core.config import load_config
 from rlfleet_trainer.checkpoint import list_checkpoints
 from rlfleet_trainer.context import build_context
 from rlfleet_trainer.ledger import Ledger, verify_ledger
 from rlfleet_trainer.run import run_stage
+from rlfleet_trainer.testing import doubles_recipe, serve_doubles
 from rlfleet_trainer.testing import letter_rows as rows
-from rlfleet_trainer.testing import serve_doubles
 
 
 def recipe(model: Path, rollout: str, reward: str, *overrides: str) -> RecipeConfig:
-    return load_config(
-        RecipeConfig,
-        overrides=[
-            f"policy.model={model}",
-            "policy.max_total_sequence_length=128",
-            "policy.train_micro_batch_size=8",
-            "policy.logprob_micro_batch_size=16",
-            "generation.max_new_tokens=12",
-            "grpo.num_prompts_per_step=3",
-            "grpo.num_generations_per_prompt=4",
-            "grpo.max_num_steps=3",
-            "grpo.lr=1e-3",
-            f"services.rollout={rollout}",
-            f"services.reward={reward}",
-            "checkpoint.save_every_steps=1",
-            *overrides,
-        ],
+    return doubles_recipe(
+        model,
+        rollout,
+        reward,
+        "policy.train_micro_batch_size=8",
+        "policy.logprob_micro_batch_size=16",
+        "generation.max_new_tokens=12",
+        "grpo.num_prompts_per_step=3",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.max_num_steps=3",
+        "grpo.lr=1e-3",
+        "checkpoint.save_every_steps=1",
+        *overrides,
     )
 
 

@@ -46,10 +46,29 @@ HF_CONFIG = "config.json"
 
 
 @dataclass(frozen=True)
-class StageFolder:
-    """Paths inside one stage's run folder."""
+class FleetFolder:
+    """What a launcher writes for the fleet it started, in a stage's or a pipeline's folder."""
 
     root: Path
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def auth_token(self) -> Path:
+        """The shared token of the fleet a launcher started for this run (0600)."""
+        return self.root / "auth_token"
+
+    @property
+    def startup(self) -> Path:
+        """The start-up report of the fleet a launcher started for this run."""
+        return self.root / "startup.json"
+
+
+@dataclass(frozen=True)
+class StageFolder(FleetFolder):
+    """Paths inside one stage's run folder."""
 
     @property
     def recipe_yaml(self) -> Path:
@@ -102,20 +121,6 @@ class StageFolder:
         eval --win-rate`)."""
         return self.root / "genrm_win_rate.json"
 
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def auth_token(self) -> Path:
-        """The shared token of the fleet a launcher started for this run (0600)."""
-        return self.root / "auth_token"
-
-    @property
-    def startup(self) -> Path:
-        """The start-up report of the fleet a launcher started for this run."""
-        return self.root / "startup.json"
-
     def checkpoints(self, subdir: str = "checkpoints") -> Path:
         """The checkpoint folder (`checkpoint.dir` of the recipe, relative to the stage)."""
         return self.root / subdir
@@ -126,10 +131,8 @@ class StageFolder:
 
 
 @dataclass(frozen=True)
-class PipelineFolder:
+class PipelineFolder(FleetFolder):
     """Paths inside a whole pipeline's run folder."""
-
-    root: Path
 
     @property
     def run_spec(self) -> Path:
@@ -160,20 +163,6 @@ class PipelineFolder:
     @property
     def report_json(self) -> Path:
         return self.root / "report.json"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def auth_token(self) -> Path:
-        """The shared token of the fleet a launcher started for this run (0600)."""
-        return self.root / "auth_token"
-
-    @property
-    def startup(self) -> Path:
-        """The start-up report of the fleet a launcher started for this run."""
-        return self.root / "startup.json"
 
     @property
     def regression(self) -> Path:

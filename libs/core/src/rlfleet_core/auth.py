@@ -36,6 +36,7 @@ import grpc
 from grpc import aio
 
 from rlfleet_core.errors import InvalidArgument, StartupError
+from rlfleet_core.interceptors import Continuation, MethodHandler
 
 logger = logging.getLogger(__name__)
 
@@ -289,12 +290,8 @@ class AuthInterceptor(aio.ServerInterceptor):
         self._refusals: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> MethodHandler | None:
         method = handler_call_details.method
         if method in OPEN_GRPC_METHODS or token_matches(
             _metadata_value(handler_call_details), self.token

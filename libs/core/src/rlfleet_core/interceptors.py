@@ -10,11 +10,12 @@ exception named, and logged with its traceback) → log line and Prometheus metr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from grpc import aio
@@ -24,6 +25,11 @@ from rlfleet_core.logs import request_id_var
 from rlfleet_core.metrics import GRPC_IN_FLIGHT, GRPC_LATENCY, GRPC_REQUESTS
 
 logger = logging.getLogger(__name__)
+
+# Quoted: grpc's classes are generic only to its type stubs.
+MethodHandler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Continuation: TypeAlias = "Callable[[grpc.HandlerCallDetails], Awaitable[MethodHandler | None]]"
+"""What a server interceptor is handed: the next step's lookup of a method's handler."""
 
 # Health checks and reflection are polled often; keep them out of the logs.
 _QUIET_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
@@ -129,12 +135,8 @@ class ServerInterceptor(aio.ServerInterceptor):
         return code, message
 
     async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> MethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -174,30 +176,40 @@ class ServerInterceptor(aio.ServerInterceptor):
             response_serializer=handler.response_serializer,
         )
 
+    @contextlib.asynccontextmanager
+    async def _accounted(
+        self, method: str, context: aio.ServicerContext[Any, Any], streaming: bool
+    ) -> AsyncIterator[None]:
+        """One call's deadline budget, status and metrics around the handler's body: an
+        error the handler raises becomes its gRPC status (aborted here), a cancelled or
+        closed call counts as CANCELLED, and the status is counted once, before it leaves."""
+        call = _Call(self._method_metrics(method), context)
+        code = grpc.StatusCode.OK
+        try:
+            async with asyncio.timeout(self._budget(context, streaming=streaming)):
+                yield
+        except aio.AbortError:
+            code = context.code() or grpc.StatusCode.UNKNOWN
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:
+            code, message = self._status_for(call, exc)
+            call.finish(code)
+            await context.abort(code, message)
+        finally:
+            if code == grpc.StatusCode.OK and context.code() not in (None, grpc.StatusCode.OK):
+                code = context.code()
+            call.finish(code)
+
     def _wrap_unary(self, method: str, behavior: Any, streaming_in: bool) -> Any:
         async def wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-            call = _Call(self._method_metrics(method), context)
-            code = grpc.StatusCode.OK
-            try:
-                async with asyncio.timeout(self._budget(context, streaming=streaming_in)):
-                    result = behavior(request, context)
-                    if asyncio.iscoroutine(result):
-                        result = await result
-                    return result
-            except aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:
-                code, message = self._status_for(call, exc)
-                call.finish(code)
-                await context.abort(code, message)
-            finally:
-                if code == grpc.StatusCode.OK and context.code() not in (None, grpc.StatusCode.OK):
-                    code = context.code()
-                call.finish(code)
+            async with self._accounted(method, context, streaming=streaming_in):
+                result = behavior(request, context)
+                if asyncio.iscoroutine(result):
+                    result = await result
+                return result
 
         return wrapper
 
@@ -205,25 +217,8 @@ class ServerInterceptor(aio.ServerInterceptor):
         async def wrapper(
             request: Any, context: aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
-            call = _Call(self._method_metrics(method), context)
-            code = grpc.StatusCode.OK
-            try:
-                async with asyncio.timeout(self._budget(context, streaming=True)):
-                    async for item in behavior(request, context):
-                        yield item
-            except aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            except (asyncio.CancelledError, GeneratorExit):
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:
-                code, message = self._status_for(call, exc)
-                call.finish(code)
-                await context.abort(code, message)
-            finally:
-                if code == grpc.StatusCode.OK and context.code() not in (None, grpc.StatusCode.OK):
-                    code = context.code()
-                call.finish(code)
+            async with self._accounted(method, context, streaming=True):
+                async for item in behavior(request, context):
+                    yield item
 
         return wrapper

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+import grpc
+from grpc import aio
 
 from rlfleet_core.config import load_config
 from rlfleet_core.server import RunningServer, ServiceDefinition, start_service
@@ -23,6 +26,30 @@ async def running_service(
     finally:
         running.stop_event.set()
         await running.done
+
+
+def add_bytes_methods(
+    server: aio.Server,
+    service_name: str,
+    unary: Mapping[str, Callable[..., Any]],
+    streams: Mapping[str, Callable[..., Any]] | None = None,
+) -> None:
+    """Serve raw-bytes methods (no protobuf) under `service_name`: `unary` ones answer once,
+    `streams` ones yield answers (the core's server tests need no generated stubs)."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        name: grpc.unary_unary_rpc_method_handler(f) for name, f in unary.items()
+    }
+    for name, f in (streams or {}).items():
+        handlers[name] = grpc.unary_stream_rpc_method_handler(f)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, handlers),))
+
+
+async def count_up_to(
+    request: bytes, context: aio.ServicerContext[Any, Any]
+) -> AsyncIterator[bytes]:
+    """A stream of "0", "1", ... up to the number the request names."""
+    for i in range(int(request.decode())):
+        yield str(i).encode()
 
 
 @contextlib.contextmanager

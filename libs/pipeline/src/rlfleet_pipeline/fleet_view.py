@@ -20,7 +20,6 @@ need the fleet's token: RLFLEET_AUTH_TOKEN(_FILE) when set, else <run_dir>/auth_
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import urllib.error
@@ -34,6 +33,7 @@ from rlfleet_contracts.run_folder import PipelineFolder
 from rlfleet_core.auth import AuthError, auth_headers, token_from_env
 from rlfleet_core.client import check_health, connect_sync
 from rlfleet_core.ports import read_port_file
+from rlfleet_core.processes import pid_alive
 from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 ROLLOUT_SERVICES = ("rollout", "judge")
@@ -166,16 +166,6 @@ def find_services(run_dir: Path) -> dict[str, tuple[str, int | None, int]]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: it exists
-    return True
-
-
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -270,7 +260,7 @@ class FleetView:
         for name, (target, http_port, pid) in services.items():
             state = ServiceState(name, target, http_port, pid)
             states.append(state)
-            if not _alive(pid):
+            if not pid_alive(pid):
                 state.reason = f"process {pid} has exited"
                 continue
             try:

@@ -5,8 +5,8 @@ a pipeline. `launchers.launcher_for(profile)` picks one; the CLI parses and hand
 it, so a decision about where things run is made in one class, not in a chain of profile
 checks across commands.
 
-The services' settings come from the stage's plan (stage_plan: one set of `key=value`
-overrides per service, the same for every launcher); a launcher adds only where the
+The services' settings come from the stage's plan (stage_plan.FleetPlan: one set of
+`key=value` overrides per service, the same for every launcher); a launcher adds only where the
 others are (its wiring) and how it starts them. `planned_overrides` reads back what each
 service is really given (the fleet's command lines, the compose file's `command:`, the
 sbatch script's lines), so preflight checks what runs, not a second copy of it.
@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Protocol
 
 from rlfleet_contracts.recipe import RecipeConfig
 
-from rlfleet_pipeline.stage_plan import StageError
+from rlfleet_pipeline.stage_plan import FleetPlan, StageError
 
 
 class NotUnderThisLauncher(StageError):
@@ -79,8 +79,8 @@ class PlannedStage:
     stage_dir: Path
     recipe_file: Path
     engine: str
-    fleet: tuple[list[str], dict[str, list[str]]]
-    """The pipeline's one fleet at this stage: its services, their stage overrides."""
+    fleet: FleetPlan
+    """The pipeline's one fleet at this stage."""
     pipeline_model: str
     """The model the run starts from (what a compose rollout container serves)."""
 

@@ -41,9 +41,8 @@ from rlfleet_pipeline.stage import (
     compose_env,
     compose_model_problem,
     compose_stack,
-    judge_overrides,
     local_services,
-    rollout_overrides,
+    plan_fleet,
     run_compose,
     run_local,
     stage_services,
@@ -56,9 +55,11 @@ _COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
 def local_overrides(recipe: RecipeConfig, engine: str) -> dict[str, list[str]]:
     """What LocalFleet passes each service: its wiring, then the stage's overrides."""
-    services = local_services(recipe)
-    extra = rollout_overrides(recipe, engine)
-    return {s: [*wiring(s, services, lambda _: "127.0.0.1:0"), *extra.get(s, [])] for s in services}
+    fleet = plan_fleet(recipe, engine)
+    return {
+        s: [*wiring(s, fleet.services, lambda _: "127.0.0.1:0"), *fleet.given(s)]
+        for s in fleet.services
+    }
 
 
 def compose_overrides(
@@ -103,10 +104,10 @@ class LocalLauncher(Launcher):
     services_here = True
 
     def plan(self, recipe: RecipeConfig, run_dir: Path, engine: str) -> str:
-        services = local_services(recipe)
-        judge = judge_overrides(recipe, engine).get("judge", [])
+        fleet = plan_fleet(recipe, engine)
+        judge = fleet.given("judge")
         lines = [
-            f"# local: {', '.join(services)} as processes on free loopback ports "
+            f"# local: {', '.join(fleet.services)} as processes on free loopback ports "
             f"(logs in {run_dir}/logs)"
         ]
         lines += [
@@ -117,7 +118,7 @@ class LocalLauncher(Launcher):
                 else ""
             )
             + (f" {shlex.join(judge)}   # judge" if s == "judge" else "")
-            for s in services
+            for s in fleet.services
         ]
         recipe_file = StageFolder(run_dir).recipe_yaml
         wired = ["services.rollout=<rollout>", "services.reward=<reward>"]
@@ -133,8 +134,7 @@ class LocalLauncher(Launcher):
         use_cache_dir(self.profile.cache_dir)
 
     def run_stage(self, run: StageRun) -> int:
-        overrides = rollout_overrides(run.recipe, run.engine)
-        return run_local(run.recipe, run.run_dir, run.resume, overrides)
+        return run_local(run.recipe, run.run_dir, run.resume, plan_fleet(run.recipe, run.engine))
 
     def pipeline_notes(self, rollout: list[str]) -> list[str]:
         return [
@@ -143,12 +143,12 @@ class LocalLauncher(Launcher):
         ]
 
     def pipeline_stage_plan(self, stage: PlannedStage) -> list[str]:
-        services, overrides = stage.fleet
-        lines = [f"#   fleet: {', '.join(services)}"]
+        fleet = stage.fleet
+        lines = [f"#   fleet: {', '.join(fleet.services)}"]
         lines += [
-            f"#     {name}: {' '.join(overrides[name])}"
-            for name in services
-            if overrides.get(name) and name != "rollout"
+            f"#     {name}: {' '.join(fleet.given(name))}"
+            for name in fleet.services
+            if fleet.given(name) and name != "rollout"
         ]
         wired = ["services.rollout=<rollout>", "services.reward=<reward>"]
         lines.append(shlex.join(trainer_command(stage.recipe_file, stage.stage_dir, wired)))
@@ -243,15 +243,14 @@ class SlurmLauncher(Launcher):
     explains_its_end = True
 
     def plan(self, recipe: RecipeConfig, run_dir: Path, engine: str) -> str:
-        return slurm_script(
-            recipe, self.profile, run_dir, stage_services(recipe), rollout_overrides(recipe, engine)
-        )
+        return slurm_script(recipe, self.profile, run_dir, plan_fleet(recipe, engine, False))
 
     def planned_overrides(
         self, recipe: RecipeConfig, run_dir: Path, engine: str
     ) -> dict[str, list[str]]:
-        comps = components(self.profile, stage_services(recipe))
-        commands = service_commands(self.profile, comps, rollout_overrides(recipe, engine))
+        fleet = plan_fleet(recipe, engine, serve_judge=False)
+        comps = components(self.profile, fleet.services)
+        commands = service_commands(self.profile, comps, fleet.settings)
         return {name: key_values(command[1:]) for name, command in commands.items()}
 
     def trainer_world_size(self, recipe: RecipeConfig) -> int:
@@ -265,10 +264,8 @@ class SlurmLauncher(Launcher):
         cancelled here). SlurmError (one line) when it cannot be submitted or followed."""
         profile: SlurmProfile = self.profile
         ui, recipe = run.ui, run.recipe
-        overrides = rollout_overrides(recipe, run.engine)
-        job = submit_stage(
-            recipe, profile, run.run_dir, stage_services(recipe), overrides, run.resume
-        )
+        fleet = plan_fleet(recipe, run.engine, serve_judge=False)
+        job = submit_stage(recipe, profile, run.run_dir, fleet, run.resume)
         ui.say(f"submitted job {job.job_id}; logs in {job.log_dir}")
         with ui.status(f"job {job.job_id}: submitted") as update:
 

@@ -342,11 +342,11 @@ def run_pipeline(
     work = sorted({*pending, *judged})
     if work or regression:
         first = work[0] if work else last
-        services, overrides = plans[first]
-        log(f"starting {', '.join(services)} (logs in {PipelineFolder(out).logs})")
-        with LocalFleet(services, out, overrides=overrides, say=log) as fleet:
+        plan = plans[first]
+        log(f"starting {', '.join(plan.services)} (logs in {PipelineFolder(out).logs})")
+        with LocalFleet(plan.services, out, overrides=plan.settings, say=log) as fleet:
             for index in work:
-                fleet.change(*plans[index])
+                fleet.change(plans[index].services, plans[index].settings)
                 stage, recipe = pipeline.stages[index], recipes[index]
                 if index in pending:
                     started = time.monotonic()
@@ -362,7 +362,7 @@ def run_pipeline(
                     )
             if regression:
                 services = sorted({*fleet.services, *end_needs})
-                fleet.change(services, {**fleet.overrides, **plans[-1][1]})
+                fleet.change(services, {**fleet.overrides, **plans[-1].settings})
                 log("measuring the final weights on earlier stages' held-out sets ...")
                 end.run_regression(_targets(fleet))
     if not at_end and until is not None:

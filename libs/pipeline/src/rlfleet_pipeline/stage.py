@@ -35,9 +35,11 @@ from rlfleet_pipeline.launch.profiles import ComposeProfile, LocalProfile
 from rlfleet_pipeline.stage_plan import (
     ROLLOUT_ENGINES,
     SWE_AGENT_ENV,
+    FleetPlan,
     StageError,
     judge_overrides,
     local_services,
+    plan_fleet,
     rollout_overrides,
     stage_envs,
     stage_services,
@@ -149,17 +151,12 @@ def _ranks_of(recipe_file: Path) -> tuple[int, int]:
     return policy.world_size, policy.max_restarts
 
 
-def run_local(
-    recipe: RecipeConfig,
-    run_dir: Path,
-    resume: bool,
-    service_overrides: dict[str, list[str]] | None = None,
-) -> int:
-    """Start the stage's services locally, train, stop them; returns the trainer's exit code."""
+def run_local(recipe: RecipeConfig, run_dir: Path, resume: bool, plan: FleetPlan) -> int:
+    """Start the stage's fleet locally, train, stop it; returns the trainer's exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_file = StageFolder(run_dir).recipe_yaml
     recipe_file.write_text(dump_yaml(recipe))
-    with LocalFleet(local_services(recipe), run_dir, overrides=service_overrides) as fleet:
+    with LocalFleet(plan.services, run_dir, overrides=plan.settings) as fleet:
         extra = [
             f"services.rollout={fleet.target('rollout')}",
             f"services.reward={fleet.target('reward')}",
@@ -200,19 +197,18 @@ def compose_env(recipe: RecipeConfig, engine: str) -> dict[str, str]:
     gateway's targets, and the stage's own overrides of the gateway (judge, episode
     limits) and of the judge's rollout (as JSON lists), with the judge's profile when the
     stage serves one."""
-    services = local_services(recipe)
-    planned = rollout_overrides(recipe, engine)
-    reward = planned.get("reward", [])
+    plan = plan_fleet(recipe, engine)
+    reward = plan.given("reward")
     env = {
         ROLLOUT_ENGINE_VAR: engine,
         ROLLOUT_MODEL_VAR: recipe.policy.model,
-        **reward_target_env(services),
+        **reward_target_env(plan.services),
     }
-    if "judge" in services:
+    if "judge" in plan.services:
         reward = [f"judge.base_url={JUDGE_URL}", "judge.fleet_token=true", *reward]
         env["COMPOSE_PROFILES"] = JUDGE_PROFILE
     env[OVERRIDES_VARS["reward"]] = json.dumps(reward)
-    env[OVERRIDES_VARS["judge"]] = json.dumps(planned.get("judge", []))
+    env[OVERRIDES_VARS["judge"]] = json.dumps(plan.given("judge"))
     return env
 
 
@@ -294,6 +290,7 @@ __all__ = [
     "STAGE_KINDS",
     "SWE_AGENT_ENV",
     "ComposeError",
+    "FleetPlan",
     "LocalProfile",
     "StageError",
     "check_stage",
@@ -301,6 +298,7 @@ __all__ = [
     "default_run_dir",
     "judge_overrides",
     "local_services",
+    "plan_fleet",
     "rollout_overrides",
     "run_compose",
     "run_local",

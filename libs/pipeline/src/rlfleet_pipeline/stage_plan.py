@@ -4,6 +4,8 @@ model). Shared by every launcher (local fleet, compose, SLURM) and the dry-run c
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_core.config import format_override, format_value
 from rlfleet_core.override_values import quote_value
@@ -130,12 +132,35 @@ def swe_episode_overrides(recipe: RecipeConfig) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class FleetPlan:
+    """A stage's fleet, the same for every launcher: the services it starts (in start order)
+    and what the stage gives each (`key=value` overrides of that service's config model; a
+    launcher adds only its wiring, and preflight validates what each service is really
+    given against the service's own model)."""
+
+    services: list[str]
+    settings: dict[str, list[str]] = field(default_factory=dict)
+
+    def given(self, service: str) -> list[str]:
+        """The stage's overrides of `service` (none: [])."""
+        return list(self.settings.get(service, []))
+
+
+def plan_fleet(recipe: RecipeConfig, engine: str, serve_judge: bool = True) -> FleetPlan:
+    """The stage's fleet: stage_services, plus the judge's rollout where the recipe serves
+    one and the launcher can (`serve_judge`: not SLURM, where `judge.base_url` names it),
+    each given what rollout_overrides plans."""
+    services = local_services(recipe) if serve_judge else stage_services(recipe)
+    return FleetPlan(services, rollout_overrides(recipe, engine))
+
+
 def pipeline_fleet(
     recipes: list[RecipeConfig],
     engine: str,
     rollout: list[str],
     end_services: tuple[str, ...] = (),
-) -> list[tuple[list[str], dict[str, list[str]]]]:
+) -> list[FleetPlan]:
     """One fleet for a pipeline's stages: (services, overrides) per stage. A stage gets
     what it needs (local_services), keeps what it had that a later stage or the end of
     the run (`end_services`) still needs, and drops the rest (the swe-runner after the
@@ -143,7 +168,7 @@ def pipeline_fleet(
     runs. The policy's rollout is given `rollout` for the whole run (its model is the
     pipeline's start; each stage's trainer publishes its own weights first)."""
     needs = [local_services(r) for r in recipes]
-    plans: list[tuple[list[str], dict[str, list[str]]]] = []
+    plans: list[FleetPlan] = []
     running: list[str] = []
     overrides: dict[str, list[str]] = {}
     for index, recipe in enumerate(recipes):
@@ -154,5 +179,5 @@ def pipeline_fleet(
         overrides = {
             s: planned.get(s, []) if s in needs[index] else overrides.get(s, []) for s in running
         }
-        plans.append((running, overrides))
+        plans.append(FleetPlan(running, overrides))
     return plans

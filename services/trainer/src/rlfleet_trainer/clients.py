@@ -60,7 +60,7 @@ class Sampling:
         cls, generation: GenerationConfig, temperature: float | None = None
     ) -> Sampling:
         """The recipe's sampling; with `temperature` (validation), at that temperature, where
-        greedy (0) turns top-p and top-k off too."""
+        greedy (0) turns top-p and top-k off too (the seed is kept: the caller offsets it)."""
         if temperature is None:
             return cls(
                 temperature=generation.temperature,
@@ -75,6 +75,7 @@ class Sampling:
             top_p=generation.top_p if sampled else 1.0,
             top_k=generation.top_k if sampled else 0,
             max_tokens=generation.max_new_tokens,
+            seed=generation.seed,
         )
 
 

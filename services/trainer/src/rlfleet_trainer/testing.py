@@ -33,6 +33,8 @@ from typing import Any
 import grpc
 import torch
 from grpc import aio
+from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_core.config import load_config
 from rlfleet_core.server import BaseService, ServiceConfig, ServiceDefinition, start_service
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from rlfleet_weights.plan import dtype_name
@@ -66,6 +68,8 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self.request_ids: list[str] = []
         self.max_tokens: dict[str, int] = {}
         """Request id -> the `sampling.max_tokens` it asked for."""
+        self.seeds: dict[str, int | None] = {}
+        """Request id -> the `sampling.seed` it asked for (None: unseeded)."""
 
     # --- generation -----------------------------------------------------------------------
 
@@ -112,6 +116,8 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "n and max_tokens must be > 0")
         self.request_ids.append(request.request_id)
         self.max_tokens[request.request_id] = request.sampling.max_tokens
+        sampling = request.sampling
+        self.seeds[request.request_id] = sampling.seed if sampling.HasField("seed") else None
         faults = self.faults.get(request.request_id.split("/")[0])
         if faults:
             await context.abort(faults.pop(0), "double told to fail this call")
@@ -296,6 +302,48 @@ def _make_service(config: ServiceConfig, servicer: Any, add: Any) -> _Service:
     return _Service(config, servicer, add)
 
 
+def doubles_recipe(model: Path, rollout: str, reward: str, *overrides: str) -> RecipeConfig:
+    """A recipe against the doubles: `model` at short sequences, trained against the
+    doubles' targets; `overrides` (a test's own settings) after."""
+    return load_config(
+        RecipeConfig,
+        overrides=[
+            f"policy.model={model}",
+            "policy.max_total_sequence_length=128",
+            f"services.rollout={rollout}",
+            f"services.reward={reward}",
+            *overrides,
+        ],
+    )
+
+
+@contextlib.asynccontextmanager
+async def serve_servicer(servicer: Any) -> AsyncIterator[str]:
+    """Serve a reward or rollout double on a free loopback port; yields its target."""
+    if isinstance(servicer, reward_pb2_grpc.RewardServiceServicer):
+        add: Any = reward_pb2_grpc.add_RewardServiceServicer_to_server
+        name, full_name = "reward-double", "rlfleet.v1.RewardService"
+    else:
+        add = rollout_pb2_grpc.add_RolloutServiceServicer_to_server
+        name, full_name = "rollout-double", "rlfleet.v1.RolloutService"
+    definition = ServiceDefinition(
+        name=name,
+        package="rlfleet-trainer",
+        grpc_services=(full_name,),
+        config_model=ServiceConfig,
+        factory=functools.partial(_make_service, servicer=servicer, add=add),
+    )
+    config = ServiceConfig.model_validate(
+        {"server": {"port": 0, "max_timeout_s": 3600.0, "grace_s": 0.5}}
+    )
+    running = await start_service(definition, config)
+    try:
+        yield f"127.0.0.1:{running.grpc_port}"
+    finally:
+        running.stop_event.set()
+        await running.done
+
+
 @contextlib.asynccontextmanager
 async def serve_doubles(
     model_path: Path,
@@ -308,43 +356,8 @@ async def serve_doubles(
     testing_agent.DoubleEpisodes, which also serves episodes)."""
     rollout = DoubleRollout(model_path, seed, delay_per_token_s)  # type: ignore[abstract]
     reward = reward or DoubleReward()  # type: ignore[abstract]
-    servers = []
-    for name, servicer, add, full_name in (
-        (
-            "rollout-double",
-            rollout,
-            rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
-            "rlfleet.v1.RolloutService",
-        ),
-        (
-            "reward-double",
-            reward,
-            reward_pb2_grpc.add_RewardServiceServicer_to_server,
-            "rlfleet.v1.RewardService",
-        ),
-    ):
-        definition = ServiceDefinition(
-            name=name,
-            package="rlfleet-trainer",
-            grpc_services=(full_name,),
-            config_model=ServiceConfig,
-            factory=functools.partial(_make_service, servicer=servicer, add=add),
-        )
-        config = ServiceConfig.model_validate(
-            {"server": {"port": 0, "max_timeout_s": 3600.0, "grace_s": 0.5}}
-        )
-        servers.append(await start_service(definition, config))
-    try:
-        yield (
-            f"127.0.0.1:{servers[0].grpc_port}",
-            f"127.0.0.1:{servers[1].grpc_port}",
-            rollout,
-            reward,
-        )
-    finally:
-        for running in servers:
-            running.stop_event.set()
-            await running.done
+    async with serve_servicer(rollout) as rollout_target, serve_servicer(reward) as reward_target:
+        yield rollout_target, reward_target, rollout, reward
 
 
 def spawn_python(

@@ -15,8 +15,6 @@ as the real gateway's are, and CloseEpisode's info counts the calls by kind
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -26,10 +24,9 @@ from typing import Any
 import grpc
 from grpc import aio
 from rlfleet_core.auth import CLIENT_KEY_HEADER, grpc_client_key
-from rlfleet_core.server import ServiceConfig, ServiceDefinition, start_service
-from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from rlfleet_proto.v1 import reward_pb2, rollout_pb2, rollout_pb2_grpc
 
-from rlfleet_trainer.testing import DoubleReward, _make_service
+from rlfleet_trainer.testing import DoubleReward
 
 KV_TOOLS = (
     reward_pb2.ToolSpec(
@@ -63,6 +60,24 @@ KV_TOOLS = (
     ),
     reward_pb2.ToolSpec(name="submit", description="End the task.", parameters_json="{}"),
 )
+
+
+def tool_call(name: str, **arguments: Any) -> str:
+    """One Hermes-format tool call, as a scripted model turn writes it."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def kv_rows(n: int) -> list[dict[str, Any]]:
+    """n rows of the `kv` episode environment, each asking for a = 3."""
+    return [
+        {
+            "id": f"kv{i}",
+            "env": "kv",
+            "responses_create_params": {"input": [{"role": "user", "content": f"a=3 ({i})"}]},
+            "goal": {"a": 3},
+        }
+        for i in range(n)
+    ]
 
 
 @dataclass
@@ -285,28 +300,3 @@ class ScriptedRollout(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def Resume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         return rollout_pb2.ResumeResponse()
-
-
-@contextlib.asynccontextmanager
-async def serve_servicer(servicer: Any) -> AsyncIterator[str]:
-    """Serve a reward or rollout double on a free loopback port; yields its target."""
-    if isinstance(servicer, reward_pb2_grpc.RewardServiceServicer):
-        add: Any = reward_pb2_grpc.add_RewardServiceServicer_to_server
-        name, full_name = "reward-double", "rlfleet.v1.RewardService"
-    else:
-        add = rollout_pb2_grpc.add_RolloutServiceServicer_to_server
-        name, full_name = "rollout-double", "rlfleet.v1.RolloutService"
-    definition = ServiceDefinition(
-        name=name,
-        package="rlfleet-trainer",
-        grpc_services=(full_name,),
-        config_model=ServiceConfig,
-        factory=functools.partial(_make_service, servicer=servicer, add=add),
-    )
-    config = ServiceConfig.model_validate({"server": {"port": 0, "grace_s": 0.5}})
-    running = await start_service(definition, config)
-    try:
-        yield f"127.0.0.1:{running.grpc_port}"
-    finally:
-        running.stop_event.set()
-        await running.done

@@ -11,6 +11,12 @@ Prompts of multi-turn environments (`multi_turn.envs`) run through the agent loo
 training; their held-out text is the whole exchange after the prompt, and their details
 add `hallucination_rate` and `valid_call_rate` (agent.calls: share of the trajectories
 with a hallucinated call; with at least one call and none hallucinated).
+
+With `generation.seed` set, held-out prompt i's sample k draws seed
+`generation.seed + VAL_SEED_OFFSET + i × val_samples_per_prompt + k` at every measure: the
+start and end measures sample with common random numbers, so their paired difference
+carries the policy's change rather than the sampler's luck (and a rerun reads the same
+start measure, as far as the engine's batching lets its numerics repeat).
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ from rlfleet_trainer.data import Prompt
 from rlfleet_trainer.env_metrics import FULL_REWARD
 
 logger = logging.getLogger(__name__)
+
+VAL_SEED_OFFSET = 1 << 40
+"""Held-out seeds start here, clear of the training stream's `seed + i × group size`."""
 
 
 @dataclass
@@ -98,15 +107,16 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
         prompt = val_source.prompt_at(index)
         n = g.val_samples_per_prompt
         calls: list[dict[str, int]] | None = None
+        mine = sampling.capped(prompt.max_tokens)
+        if mine.seed is not None:
+            mine = replace(mine, seed=mine.seed + VAL_SEED_OFFSET + index * n)
         try:
             if agent is not None and agent.handles(prompt.env):
                 results, texts, group, calls = await _multi_turn(
-                    agent, replace(prompt, prompt_id=f"{tag}-{index}"), n, sampling
+                    agent, replace(prompt, prompt_id=f"{tag}-{index}"), n, mine
                 )
             else:
-                results = await ctx.rollout.generate(
-                    f"{tag}-{index}", prompt.token_ids, n, sampling.capped(prompt.max_tokens)
-                )
+                results = await ctx.rollout.generate(f"{tag}-{index}", prompt.token_ids, n, mine)
                 texts = [
                     ctx.tokenizer.decode(list(r.token_ids), skip_special_tokens=True)
                     for r in results
@@ -150,7 +160,7 @@ async def _multi_turn(
     """A multi-turn prompt's held-out samples in the single-turn shapes: per trajectory its
     model tokens (and newest turn's version), the whole exchange as text, its score; and
     its calls by outcome."""
-    trajectories = await agent.group(prompt, n, sampling.capped(prompt.max_tokens))
+    trajectories = await agent.group(prompt, n, sampling)
     results = [
         rollout_pb2.GenerateResult(
             token_ids=[t for t, m in zip(tr.token_ids, tr.loss_mask or [], strict=True) if m],

@@ -21,6 +21,7 @@ from rlfleet_core.config import dump_yaml
 
 from rlfleet_pipeline.launch.profiles import SlurmProfile
 from rlfleet_pipeline.launch.slurm import render_sbatch
+from rlfleet_pipeline.stage_plan import FleetPlan
 
 COMMAND_TIMEOUT_S = 60.0
 FINAL_STATES = {
@@ -46,19 +47,18 @@ def slurm_script(
     recipe: RecipeConfig,
     profile: SlurmProfile,
     run_dir: Path,
-    services: list[str],
-    service_overrides: dict[str, list[str]],
+    fleet: FleetPlan,
     resume: bool = False,
 ) -> str:
-    """The stage's sbatch script: the stage's services (`services`), the rollout serving
-    the policy's model (`service_overrides`), the trainer on the recipe in run_dir."""
+    """The stage's sbatch script: the fleet's services, each given the plan's overrides
+    (the rollout serving the policy's model), the trainer on the recipe in run_dir."""
     trainer_args = ["-c", str(StageFolder(run_dir).recipe_yaml), "--run-dir", str(run_dir)]
     if resume:
         trainer_args.insert(0, "--resume")
-    overrides = {k: list(v) for k, v in service_overrides.items()}
+    overrides = {service: fleet.given(service) for service in fleet.settings}
     # A collective weight_transport (gloo, nccl) is kept: the trainer tasks get the
     # rendezvous address (RLFLEET_WEIGHT_SYNC_HOST = the trainer's first node).
-    return render_sbatch(profile, recipe.stage, trainer_args, overrides, services)
+    return render_sbatch(profile, recipe.stage, trainer_args, overrides, fleet.services)
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
@@ -163,8 +163,7 @@ def submit_stage(
     recipe: RecipeConfig,
     profile: SlurmProfile,
     run_dir: Path,
-    services: list[str],
-    service_overrides: dict[str, list[str]],
+    fleet: FleetPlan,
     resume: bool = False,
 ) -> SlurmJob:
     """Write recipe.yaml and the script into run_dir (both must be on the shared
@@ -176,7 +175,7 @@ def submit_stage(
     job_dir.mkdir(parents=True, exist_ok=True)
     StageFolder(run_dir).recipe_yaml.write_text(dump_yaml(recipe))
     script = run_dir / "slurm.sbatch"
-    script.write_text(slurm_script(recipe, profile, run_dir, services, service_overrides, resume))
+    script.write_text(slurm_script(recipe, profile, run_dir, fleet, resume))
     return SlurmJob.submit(script, job_dir, profile.sbatch_args)
 
 
