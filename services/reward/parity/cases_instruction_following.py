@@ -103,6 +103,21 @@ def _none(rng: random.Random) -> dict[str, Any]:
     return {}
 
 
+# The registry checks these twice, under an IFEval id and a newer one: one maker serves both.
+_KEYWORD_FREQUENCY: tuple[Maker, Writer] = (
+    _kw(keyword=_word, frequency=lambda r: r.randint(1, 4), relation=_relation),
+    lambda r, k: " ".join([k["keyword"]] * r.randint(0, 5) + r.sample(_WORDS, 3)),
+)
+
+
+def _letter_frequency(letters: str, most: int) -> Maker:
+    return _kw(
+        letter=lambda r: r.choice(letters),
+        let_frequency=lambda r: r.randint(1, most),
+        let_relation=_relation,
+    )
+
+
 def _paragraphs(rng: random.Random, n: int, first: str | None = None, sep: str = "\n\n") -> str:
     paras = [f"{_word(rng).capitalize()} {_word(rng)} {_word(rng)}." for _ in range(n)]
     if first is not None and paras:
@@ -126,29 +141,26 @@ def _sentences(rng: random.Random, first: str | None = None, last: str | None = 
     return " ".join(out)
 
 
+def _each_sentence(edge: str) -> tuple[Maker, Writer]:
+    """The maker and writer of `<edge>_word:<edge>_word_sent` (edge `first` or `last`):
+    sentences that mostly start (or end) with the row's word."""
+    key = f"{edge}_word"
+    return _kw(**{key: _word}), lambda r, k: _sentences(r, **{edge: k[key]})
+
+
 INSTRUCTIONS: dict[str, tuple[Maker, Writer | None]] = {
     "keywords:existence": (
         _kw(keywords=lambda r: r.sample(_WORDS, r.randint(1, 3))),
         lambda r, k: " ".join(r.sample(k["keywords"] + _WORDS, 4)),
     ),
-    "keywords:frequency": (
-        _kw(keyword=_word, frequency=lambda r: r.randint(1, 4), relation=_relation),
-        lambda r, k: " ".join([k["keyword"]] * r.randint(0, 5) + r.sample(_WORDS, 3)),
-    ),
+    "keywords:frequency": _KEYWORD_FREQUENCY,
     "keywords:forbidden_words": (
         _kw(forbidden_words=lambda r: r.sample(_WORDS, 2)),
         lambda r, k: (
             " ".join(r.sample(_WORDS, 3)) + r.choice(["", " rivers", " river's", " Stone."])
         ),
     ),
-    "keywords:letter_frequency": (
-        _kw(
-            letter=lambda r: r.choice("aeirstAE"),
-            let_frequency=lambda r: r.randint(1, 12),
-            let_relation=_relation,
-        ),
-        None,
-    ),
+    "keywords:letter_frequency": (_letter_frequency("aeirstAE", 12), None),
     "language:response_language": (_kw(language=lambda r: r.choice(["en", "es", "fr"])), None),
     "length_constraints:number_paragraphs": (
         _kw(num_paragraphs=lambda r: r.randint(1, 4)),
@@ -273,10 +285,7 @@ INSTRUCTIONS: dict[str, tuple[Maker, Writer | None]] = {
         _kw(keyword=_word),
         lambda r, k: " ".join([k["keyword"]] * r.randint(0, 2) + r.sample(_WORDS, 2)),
     ),
-    "keywords:word_count_different_numbers": (
-        _kw(keyword=_word, frequency=lambda r: r.randint(1, 4), relation=_relation),
-        lambda r, k: " ".join([k["keyword"]] * r.randint(0, 5) + r.sample(_WORDS, 3)),
-    ),
+    "keywords:word_count_different_numbers": _KEYWORD_FREQUENCY,
     "keywords:exclude_word_harder": (
         _kw(keyword=_word),
         lambda r, k: r.choice(
@@ -291,10 +300,7 @@ INSTRUCTIONS: dict[str, tuple[Maker, Writer | None]] = {
         _none,
         lambda r, k: _paragraphs(r, r.randint(1, 3), sep=r.choice(["\n\n", "\n\n\n\n", "\n"])),
     ),
-    "first_word:first_word_sent": (
-        _kw(first_word=_word),
-        lambda r, k: _sentences(r, first=k["first_word"]),
-    ),
+    "first_word:first_word_sent": _each_sentence("first"),
     "first_word:first_word_answer": (
         _kw(first_word=_word),
         lambda r, k: (
@@ -304,10 +310,7 @@ INSTRUCTIONS: dict[str, tuple[Maker, Writer | None]] = {
             + " and more."
         ),
     ),
-    "last_word:last_word_sent": (
-        _kw(last_word=_word),
-        lambda r, k: _sentences(r, last=k["last_word"]),
-    ),
+    "last_word:last_word_sent": _each_sentence("last"),
     "last_word:last_word_answer": (
         _kw(last_word=_word),
         lambda r, k: (
@@ -333,14 +336,7 @@ INSTRUCTIONS: dict[str, tuple[Maker, Writer | None]] = {
     "punctuation:punctuation_exclamation": (_none, None),
     "count:lowercase_counting": (_kw(N=lambda r: r.randint(1, 20)), None),
     "letters:letter_counting": (_kw(N=lambda r: r.randint(5, 80), relation=_relation), None),
-    "letters:letter_counting2": (
-        _kw(
-            letter=lambda r: r.choice("eirst"),
-            let_frequency=lambda r: r.randint(1, 10),
-            let_relation=_relation,
-        ),
-        None,
-    ),
+    "letters:letter_counting2": (_letter_frequency("eirst", 10), None),
     "count:count_increment_word": (
         _kw(keyword1=_word, keyword2=_word),
         lambda r, k: " ".join(

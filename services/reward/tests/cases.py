@@ -245,6 +245,19 @@ def so_row(schema: Any = PERSON, **extra: Any) -> dict[str, Any]:
     return {"schema_str": schema, "schema_type": "json", **extra}
 
 
+# Rows each checked with a matching answer and a wrong one.
+NUMBERS_ROW = so_row(json.dumps({"type": "array", "items": {"type": "number"}, "minItems": 2}))
+COLOR_ROW = so_row(json.dumps({"enum": ["red", "green"]}))
+NESTED_REF_ROW = so_row(
+    json.dumps(
+        {
+            "$defs": {"p": {"type": "integer"}},
+            "type": "object",
+            "properties": {"a": {"$ref": "#/$defs/p"}},
+        }
+    )
+)
+
 STRUCTURED = [
     Case("valid", so_row(), '{"name": "Ada", "age": 36}', 1.0, info={"verdict": "valid"}),
     Case(
@@ -336,48 +349,12 @@ STRUCTURED = [
         0.0,
         info={"verdict": "parse_error"},
     ),
-    Case(
-        "array-schema",
-        so_row(json.dumps({"type": "array", "items": {"type": "number"}, "minItems": 2})),
-        "[1, 2.5]",
-        1.0,
-    ),
-    Case(
-        "array-schema-short",
-        so_row(json.dumps({"type": "array", "items": {"type": "number"}, "minItems": 2})),
-        "[1]",
-        0.0,
-    ),
-    Case("enum", so_row(json.dumps({"enum": ["red", "green"]})), '"green"', 1.0),
-    Case("enum-wrong", so_row(json.dumps({"enum": ["red", "green"]})), '"blue"', 0.0),
-    Case(
-        "nested-ref",
-        so_row(
-            json.dumps(
-                {
-                    "$defs": {"p": {"type": "integer"}},
-                    "type": "object",
-                    "properties": {"a": {"$ref": "#/$defs/p"}},
-                }
-            )
-        ),
-        '{"a": 2}',
-        1.0,
-    ),
-    Case(
-        "nested-ref-wrong",
-        so_row(
-            json.dumps(
-                {
-                    "$defs": {"p": {"type": "integer"}},
-                    "type": "object",
-                    "properties": {"a": {"$ref": "#/$defs/p"}},
-                }
-            )
-        ),
-        '{"a": 2.5}',
-        0.0,
-    ),
+    Case("array-schema", NUMBERS_ROW, "[1, 2.5]", 1.0),
+    Case("array-schema-short", NUMBERS_ROW, "[1]", 0.0),
+    Case("enum", COLOR_ROW, '"green"', 1.0),
+    Case("enum-wrong", COLOR_ROW, '"blue"', 0.0),
+    Case("nested-ref", NESTED_REF_ROW, '{"a": 2}', 1.0),
+    Case("nested-ref-wrong", NESTED_REF_ROW, '{"a": 2.5}', 0.0),
     Case("schema-as-object", so_row({"type": "integer"}), "3", 1.0),
     Case("true-schema", so_row("true"), '{"anything": [1]}', 1.0),
     Case("missing-schema", {"schema_type": "json"}, "{}", invalid_field="row.schema_str"),

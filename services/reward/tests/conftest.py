@@ -15,12 +15,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:  # reward_support, sandbox_double, reward_test_envs
     sys.path.insert(0, str(TESTS_DIR))
 
-from reward_support import (  # noqa: E402
-    TEST_ENVS,
-    RewardServer,
-    start_reward_server,
-    stop_reward_server,
-)
+from reward_support import TEST_ENVS, RewardServer, running_reward_server  # noqa: E402
 from sandbox_double import start_sandbox_double  # noqa: E402
 
 
@@ -35,7 +30,7 @@ def sandbox_port() -> Iterator[int]:
 def reward_server(
     tmp_path_factory: pytest.TempPathFactory, sandbox_port: int
 ) -> Iterator[RewardServer]:
-    server = start_reward_server(
+    with running_reward_server(
         tmp_path_factory.mktemp("reward"),
         [
             "pool.workers=2",
@@ -43,9 +38,8 @@ def reward_server(
             f"sandbox.target=127.0.0.1:{sandbox_port}",
             f"extra_environments={TEST_ENVS}",
         ],
-    )
-    yield server
-    assert stop_reward_server(server) == 0, server.log()
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

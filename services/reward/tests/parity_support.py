@@ -30,6 +30,11 @@ def live_available() -> bool:
     )
 
 
+def row_fields(request: dict[str, Any]) -> dict[str, Any]:
+    """A verify request's row fields: all but the response and the prompt."""
+    return {k: v for k, v in request.items() if k not in ("response", "responses_create_params")}
+
+
 def load_recorded(env: str) -> list[dict[str, Any]]:
     path = record_mir.RECORDED / f"{env}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -58,11 +63,7 @@ def differences(base_url: str, env: str, cases: list[dict[str, Any]]) -> list[st
         if isinstance(got, tuple) and got[0] == case["reward"]:
             continue
         text = json.dumps(case["request"]["response"].get("output"))
-        row = {
-            k: v
-            for k, v in case["request"].items()
-            if k not in ("response", "responses_create_params")
-        }
+        row = row_fields(case["request"])
         lines.append(
             f"#{i} {case['category']}: nemo-gym {case['reward']} (extracted {case.get('extracted')!r}), "
             f"rlfleet {got}\n    text={text[:300]!r}\n    row={json.dumps(row)[:600]}"

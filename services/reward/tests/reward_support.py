@@ -10,16 +10,27 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
+from cases import Case
 from rlfleet_core.client import check_health
 from rlfleet_core.ports import pick_free_port, wait_for_port_file
-from rlfleet_proto.v1 import reward_pb2
+from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
+from rlfleet_reward.types import FailureKind
 
 TESTS_DIR = Path(__file__).resolve().parent  # on the workers' PYTHONPATH: reward_test_envs
+PARITY_DIR = TESTS_DIR.parent / "parity"
+if str(PARITY_DIR) not in sys.path:  # its Responses-object builders (generate.py)
+    sys.path.insert(0, str(PARITY_DIR))
+
+import generate  # noqa: E402
+
 TEST_ENVS = (
     "{hang: reward_test_envs:HangEnvironment, crash: reward_test_envs:CrashEnvironment, "
     "big: reward_test_envs:BigEnvironment}"
@@ -101,6 +112,36 @@ def stop_reward_server(server: RewardServer) -> int:
         raise
 
 
+@contextmanager
+def running_reward_server(
+    tmp: Path, overrides: list[str], name: str = "reward"
+) -> Iterator[RewardServer]:
+    """A reward service for the block; it must stop cleanly (exit code 0) after it."""
+    server = start_reward_server(tmp, overrides, name)
+    try:
+        yield server
+    finally:
+        assert stop_reward_server(server) == 0, server.log()
+
+
+@contextmanager
+def reward_stub(server: RewardServer) -> Iterator[reward_pb2_grpc.RewardServiceStub]:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        yield reward_pb2_grpc.RewardServiceStub(channel)
+
+
+def module_stub() -> Any:
+    """A module-scoped `stub` fixture on the module's own `server` fixture (in place of
+    conftest's, which talks to the session's service): `stub = module_stub()`."""
+
+    @pytest.fixture(scope="module")
+    def stub(server: RewardServer) -> Iterator[reward_pb2_grpc.RewardServiceStub]:
+        with reward_stub(server) as module_stub:
+            yield module_stub
+
+    return stub
+
+
 def score_request(
     env: str, row: dict[str, Any] | str, text: str, num_tokens: int = 0, request_id: str = ""
 ) -> reward_pb2.ScoreRequest:
@@ -113,6 +154,30 @@ def score_request(
     )
 
 
+def check_case_over_grpc(stub: reward_pb2_grpc.RewardServiceStub, env: str, case: Case) -> None:
+    """Score's answer to a table case: the reward, failure kind and info it states, or
+    INVALID_ARGUMENT naming its `invalid_field`."""
+    request = score_request(
+        env, case.row, case.text, case.num_tokens, request_id=f"{env}-{case.id}"
+    )
+    if case.invalid_field is not None:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Score(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(case.invalid_field + ":"), err.value.details()
+        return
+    result = stub.Score(request, timeout=30)
+    assert result.request_id == f"{env}-{case.id}" and result.env == env
+    assert FailureKind(result.failure_kind) is case.failure, result.failure_reason
+    assert result.reward == pytest.approx(case.reward), dict(result.info)
+    assert sum(result.reward_components.values()) == pytest.approx(result.reward)
+    assert result.reward_components, "a scored result names its components"
+    assert not result.mask_sample
+    assert result.latency_s > 0
+    for key, value in case.info.items():
+        assert result.info[key] == value, dict(result.info)
+
+
 def nemo_response(
     text: str,
     *,
@@ -120,47 +185,16 @@ def nemo_response(
     output_tokens: int | None = None,
     function_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """An OpenAI Responses object as NeMo-Gym's model server returns it."""
-    output: list[dict[str, Any]] = []
-    if reasoning:
-        output.append(
-            {
-                "id": "rs_1",
-                "type": "reasoning",
-                "summary": [{"type": "summary_text", "text": reasoning}],
-            }
-        )
-    for i, call in enumerate(function_calls or []):
-        output.append(
-            {
-                "id": f"fc_{i}",
-                "type": "function_call",
-                "call_id": f"call_{i}",
-                "status": "completed",
-                "name": call["name"],
-                "arguments": json.dumps(call["arguments"]),
-            }
-        )
+    """An OpenAI Responses object as NeMo-Gym's model server returns it (the parity
+    generator's builders: one shape for both)."""
+    output = [generate.reasoning(reasoning)] if reasoning else []
+    output += [
+        generate.function_call(call["name"], call["arguments"], i)
+        for i, call in enumerate(function_calls or [])
+    ]
     if text:
-        output.append(
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        )
-    response: dict[str, Any] = {
-        "id": "resp_1",
-        "object": "response",
-        "created_at": 1.0,
-        "model": "policy",
-        "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-    }
+        output.append(generate.message(text))
+    response = generate.response(output)
     if output_tokens is not None:
         response["usage"] = {
             "input_tokens": 10,

@@ -19,39 +19,46 @@ from rlfleet_reward.environments.base import Environment
 from rlfleet_reward.types import Sample, Score, binary, scored
 
 
-class HangEnvironment(Environment):
+class _RowlessEnvironment(Environment):
+    """Reads nothing from the row: the response alone says what to do."""
+
+    def parse_row(self, row: Mapping[str, Any]) -> None:
+        return None
+
+
+class _MisbehavesOnItsName(_RowlessEnvironment):
+    """Scores 1 (saying which process scored), except that a response equal to the
+    environment's name makes it `misbehave`."""
+
+    def score(self, spec: None, sample: Sample) -> Score:
+        if sample.text == self.name:
+            self.misbehave()
+        return binary("ok", True, pid=os.getpid())
+
+    def misbehave(self) -> None:
+        raise NotImplementedError
+
+
+class HangEnvironment(_MisbehavesOnItsName):
     name: ClassVar[str] = "hang"
     description: ClassVar[str] = "test: sleeps with SIGALRM blocked when the response is 'hang'"
 
-    def parse_row(self, row: Mapping[str, Any]) -> None:
-        return None
-
-    def score(self, spec: None, sample: Sample) -> Score:
-        if sample.text == "hang":
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-            time.sleep(120)
-        return binary("ok", True, pid=os.getpid())
+    def misbehave(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(120)
 
 
-class CrashEnvironment(Environment):
+class CrashEnvironment(_MisbehavesOnItsName):
     name: ClassVar[str] = "crash"
     description: ClassVar[str] = "test: the worker exits abruptly when the response is 'crash'"
 
-    def parse_row(self, row: Mapping[str, Any]) -> None:
-        return None
-
-    def score(self, spec: None, sample: Sample) -> Score:
-        if sample.text == "crash":
-            os._exit(3)
-        return binary("ok", True, pid=os.getpid())
+    def misbehave(self) -> None:
+        os._exit(3)
 
 
-class BigEnvironment(Environment):
+class BigEnvironment(_RowlessEnvironment):
     name: ClassVar[str] = "big"
     description: ClassVar[str] = "test: a result with one component per 16 characters of answer"
-
-    def parse_row(self, row: Mapping[str, Any]) -> None:
-        return None
 
     def score(self, spec: None, sample: Sample) -> Score:
         if sample.text.startswith("slow"):
@@ -59,7 +66,7 @@ class BigEnvironment(Environment):
         return scored({f"part_{i}": 0.0 for i in range(len(sample.text) // 16)})
 
 
-class ProbeEnvironment(Environment):
+class ProbeEnvironment(_RowlessEnvironment):
     """Placed on the event loop. The response is a command: `raise` (the verifier raises),
     `spin S` (S seconds of pure-Python CPU, which a signal can interrupt), `sleep S`,
     `finalizer S` (S seconds of CPU inside a `__del__`, then S more outside it: an alarm
@@ -69,9 +76,6 @@ class ProbeEnvironment(Environment):
     name: ClassVar[str] = "probe"
     placement = "loop"
     description: ClassVar[str] = "test: runs the command in the response, reports where"
-
-    def parse_row(self, row: Mapping[str, Any]) -> None:
-        return None
 
     def score(self, spec: None, sample: Sample) -> Score:
         command, _, arg = sample.text.partition(" ")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from cases import ALL_CASES, Case
-from reward_support import score_request
+from reward_support import check_case_over_grpc, score_request
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
-from rlfleet_reward.types import FailureKind
 
 PARAMS = [
     pytest.param(env, case, id=f"{env}-{case.id}")
@@ -28,25 +27,7 @@ def test_every_environment_has_at_least_20_cases() -> None:
 
 @pytest.mark.parametrize(("env", "case"), PARAMS)
 def test_case_over_grpc(stub: reward_pb2_grpc.RewardServiceStub, env: str, case: Case) -> None:
-    request = score_request(
-        env, case.row, case.text, case.num_tokens, request_id=f"{env}-{case.id}"
-    )
-    if case.invalid_field is not None:
-        with pytest.raises(grpc.RpcError) as err:
-            stub.Score(request, timeout=30)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert err.value.details().startswith(case.invalid_field + ":"), err.value.details()
-        return
-    result = stub.Score(request, timeout=30)
-    assert result.request_id == f"{env}-{case.id}" and result.env == env
-    assert FailureKind(result.failure_kind) is case.failure, result.failure_reason
-    assert result.reward == pytest.approx(case.reward), dict(result.info)
-    assert sum(result.reward_components.values()) == pytest.approx(result.reward)
-    assert result.reward_components, "a scored result names its components"
-    assert not result.mask_sample
-    assert result.latency_s > 0
-    for key, value in case.info.items():
-        assert result.info[key] == value, dict(result.info)
+    check_case_over_grpc(stub, env, case)
 
 
 def test_list_environments(stub: reward_pb2_grpc.RewardServiceStub) -> None:

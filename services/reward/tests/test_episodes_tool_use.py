@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from episode_support import Caller
-from reward_support import RewardServer, start_reward_server, stop_reward_server
+from reward_support import RewardServer, module_stub, reward_stub, running_reward_server
 from rlfleet_proto.v1 import reward_pb2_grpc
 from rlfleet_reward.row_check import check_row
 
@@ -36,7 +36,12 @@ def row(**goal_balances: Any) -> dict[str, Any]:
     return {"initial_state": WORLD, "goal_state": goal}
 
 
-T = ("transfer", {"from_account": "A1", "to_account": "A2", "amount": 30})
+def transfer(source: str, target: str, amount: Any) -> tuple[str, dict[str, Any]]:
+    """The `transfer` call of `amount` from account `source` to `target`."""
+    return "transfer", {"from_account": source, "to_account": target, "amount": amount}
+
+
+T = transfer("A1", "A2", 30)
 SOLVED = row(A1=70, A2=80)
 
 # (id, row, calls, final text, reward, error flags of the calls)
@@ -49,66 +54,34 @@ CASES: list[tuple[str, dict[str, Any], list[tuple[str, Any]], str, float, list[b
         1.0,
         [False] * 3,
     ),
-    (
-        "wrong_amount",
-        SOLVED,
-        [("transfer", {"from_account": "A1", "to_account": "A2", "amount": 40})],
-        "",
-        0.0,
-        [False],
-    ),
+    ("wrong_amount", SOLVED, [transfer("A1", "A2", 40)], "", 0.0, [False]),
     ("no_calls", SOLVED, [], "I did it", 0.0, []),
     (
         "detour",
         SOLVED,
-        [
-            T,
-            ("transfer", {"from_account": "A2", "to_account": "A1", "amount": 10}),
-            ("transfer", {"from_account": "A1", "to_account": "A2", "amount": 10}),
-        ],
+        [T, transfer("A2", "A1", 10), transfer("A1", "A2", 10)],
         "",
         1.0,
         [False] * 3,
     ),
-    (
-        "frozen",
-        row(A3=0, A2=70),
-        [("transfer", {"from_account": "A3", "to_account": "A2", "amount": 20})],
-        "",
-        0.0,
-        [True],
-    ),
+    ("frozen", row(A3=0, A2=70), [transfer("A3", "A2", 20)], "", 0.0, [True]),
     (
         "unfreeze_first",
         row(A3=0, A2=70, A3_frozen=False),
         [
             ("set_frozen", {"account_id": "A3", "frozen": False}),
-            ("transfer", {"from_account": "A3", "to_account": "A2", "amount": 20}),
+            transfer("A3", "A2", 20),
             ("get_balance", {"account_id": "A3"}),
         ],
         "",
         1.0,
         [False] * 3,
     ),
-    (
-        "insufficient",
-        row(A2=0, A1=150),
-        [("transfer", {"from_account": "A2", "to_account": "A1", "amount": 60})],
-        "",
-        0.0,
-        [True],
-    ),
+    ("insufficient", row(A2=0, A1=150), [transfer("A2", "A1", 60)], "", 0.0, [True]),
     ("unknown_tool", SOLVED, [("wire_money", {}), T], "", 1.0, [True, False]),
     ("bad_json", SOLVED, [("transfer", '{"from_account": "A1",'), T], "", 1.0, [True, False]),
     ("not_object", SOLVED, [("transfer", "[1, 2]"), T], "", 1.0, [True, False]),
-    (
-        "wrong_type",
-        SOLVED,
-        [("transfer", {"from_account": "A1", "to_account": "A2", "amount": "30"}), T],
-        "",
-        1.0,
-        [True, False],
-    ),
+    ("wrong_type", SOLVED, [transfer("A1", "A2", "30"), T], "", 1.0, [True, False]),
     (
         "extra_arg",
         SOLVED,
@@ -125,38 +98,14 @@ CASES: list[tuple[str, dict[str, Any], list[tuple[str, Any]], str, float, list[b
         1.0,
         [True, False],
     ),
-    (
-        "negative",
-        SOLVED,
-        [("transfer", {"from_account": "A1", "to_account": "A2", "amount": -30}), T],
-        "",
-        1.0,
-        [True, False],
-    ),
+    ("negative", SOLVED, [transfer("A1", "A2", -30), T], "", 1.0, [True, False]),
     ("unknown_account", SOLVED, [("get_balance", {"account_id": "Z9"}), T], "", 1.0, [True, False]),
-    (
-        "same_account",
-        SOLVED,
-        [("transfer", {"from_account": "A1", "to_account": "A1", "amount": 30}), T],
-        "",
-        1.0,
-        [True, False],
-    ),
-    (
-        "three_decimals",
-        SOLVED,
-        [("transfer", {"from_account": "A1", "to_account": "A2", "amount": 0.001}), T],
-        "",
-        1.0,
-        [True, False],
-    ),
+    ("same_account", SOLVED, [transfer("A1", "A1", 30), T], "", 1.0, [True, False]),
+    ("three_decimals", SOLVED, [transfer("A1", "A2", 0.001), T], "", 1.0, [True, False]),
     (
         "decimals_exact",
         row(A1=99.7, A2=50.3),
-        [
-            ("transfer", {"from_account": "A1", "to_account": "A2", "amount": 0.1}),
-            ("transfer", {"from_account": "A1", "to_account": "A2", "amount": 0.2}),
-        ],
+        [transfer("A1", "A2", 0.1), transfer("A1", "A2", 0.2)],
         "",
         1.0,
         [False, False],
@@ -188,7 +137,7 @@ CASES: list[tuple[str, dict[str, Any], list[tuple[str, Any]], str, float, list[b
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer]:
-    running = start_reward_server(
+    with running_reward_server(
         tmp_path_factory.mktemp("episodes"),
         [
             "environments=[math]",
@@ -199,15 +148,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer]:
             "episodes.max_calls_per_step=8",
         ],
         name="episodes",
-    )
-    yield running
-    assert stop_reward_server(running) == 0, running.log()
+    ) as running:
+        yield running
 
 
-@pytest.fixture(scope="module")
-def stub(server: RewardServer) -> Iterator[reward_pb2_grpc.RewardServiceStub]:
-    with grpc.insecure_channel(server.grpc_target) as channel:
-        yield reward_pb2_grpc.RewardServiceStub(channel)
+stub = module_stub()
 
 
 @pytest.mark.parametrize(
@@ -254,8 +199,8 @@ def test_error_results_say_why(stub: reward_pb2_grpc.RewardServiceStub) -> None:
         episode.episode_id,
         ("wire_money", {}),
         ("transfer", '{"from_account": '),
-        ("transfer", {"from_account": "A1", "to_account": "A2", "amount": "30"}),
-        ("transfer", {"from_account": "A3", "to_account": "A2", "amount": 1}),
+        transfer("A1", "A2", "30"),
+        transfer("A3", "A2", 1),
         ("get_balance", {"account_id": "A1"}),
     ).results
     assert [r.call_id for r in results] == ["c0", "c1", "c2", "c3", "c4"]
@@ -278,8 +223,8 @@ def test_close_counts_the_calls_by_kind(stub: reward_pb2_grpc.RewardServiceStub)
         ("wire_money", {}),
         ("transfer", '{"from_account": '),
         ("transfer", "[1, 2]"),
-        ("transfer", {"from_account": "A1", "to_account": "A2", "amount": "30"}),
-        ("transfer", {"from_account": "A3", "to_account": "A2", "amount": 1}),
+        transfer("A1", "A2", "30"),
+        transfer("A3", "A2", 1),
         ("get_balance", {"account_id": "Z9"}),
     )
     caller.step(episode.episode_id, T)
@@ -454,23 +399,22 @@ def test_open_episodes_are_capped(stub: reward_pb2_grpc.RewardServiceStub) -> No
 
 
 def test_idle_episodes_are_closed(tmp_path: Path) -> None:
-    server = start_reward_server(
-        tmp_path,
-        ["environments=[math]", "pool.workers=1", "episodes.idle_timeout_s=1"],
-        name="idle",
-    )
-    try:
-        with grpc.insecure_channel(server.grpc_target) as channel:
-            caller = Caller(reward_pb2_grpc.RewardServiceStub(channel))
-            episode = caller.open("tool_use", SOLVED)
-            assert episode.idle_timeout_s == 1.0
-            time.sleep(3)  # > idle_timeout_s + the reaper's period (idle_timeout_s / 4)
-            with pytest.raises(grpc.RpcError) as err:
-                caller.step(episode.episode_id, T)
-            assert err.value.code() is grpc.StatusCode.NOT_FOUND
-            assert "idle for over 1s" in err.value.details()
-    finally:
-        assert stop_reward_server(server) == 0, server.log()
+    with (
+        running_reward_server(
+            tmp_path,
+            ["environments=[math]", "pool.workers=1", "episodes.idle_timeout_s=1"],
+            name="idle",
+        ) as server,
+        reward_stub(server) as stub,
+    ):
+        caller = Caller(stub)
+        episode = caller.open("tool_use", SOLVED)
+        assert episode.idle_timeout_s == 1.0
+        time.sleep(3)  # > idle_timeout_s + the reaper's period (idle_timeout_s / 4)
+        with pytest.raises(grpc.RpcError) as err:
+            caller.step(episode.episode_id, T)
+        assert err.value.code() is grpc.StatusCode.NOT_FOUND
+        assert "idle for over 1s" in err.value.details()
 
 
 def test_data_prep_checks_multi_turn_rows() -> None:

@@ -50,126 +50,71 @@ def test_at_least_20_instruction_types() -> None:
     assert len(CHECKERS) >= 35
 
 
-@pytest.mark.parametrize(
-    ("instruction_id", "text", "args", "expected"),
-    [
+# instruction id -> (text, args, verdict) cases
+Verdicts = dict[str, list[tuple[str, dict[str, Any], bool]]]
+
+VERDICTS: Verdicts = {
+    "keywords:letter_frequency": [
+        ("banana", {"letter": "a", "let_frequency": 3, "let_relation": "at least"}, True),
+        ("banana", {"letter": "a", "let_frequency": 3, "let_relation": "less than"}, False),
+    ],
+    "length_constraints:nth_paragraph_first_word": [
         (
-            "keywords:letter_frequency",
-            "banana",
-            {"letter": "a", "let_frequency": 3, "let_relation": "at least"},
-            True,
-        ),
-        (
-            "keywords:letter_frequency",
-            "banana",
-            {"letter": "a", "let_frequency": 3, "let_relation": "less than"},
-            False,
-        ),
-        (
-            "length_constraints:nth_paragraph_first_word",
             "Intro here.\n\nSecond para.",
             {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "second"},
             True,
         ),
         (
-            "length_constraints:nth_paragraph_first_word",
             "Intro here.\n\nSecond para.",
             {"num_paragraphs": 2, "nth_paragraph": 1, "first_word": "second"},
             False,
         ),
-        (
-            "detectable_content:number_placeholders",
-            "Dear [name], at [address].",
-            {"num_placeholders": 2},
-            True,
-        ),
-        ("detectable_content:number_placeholders", "Dear [name].", {"num_placeholders": 2}, False),
-        ("detectable_format:constrained_response", "My answer is maybe.", {}, True),
-        (
-            "detectable_format:number_highlighted_sections",
-            "*one* and **two**",
-            {"num_highlights": 2},
-            True,
-        ),
-        ("detectable_format:number_highlighted_sections", "*one*", {"num_highlights": 2}, False),
-        (
-            "detectable_format:multiple_sections",
-            "SECTION 1 a SECTION 2 b",
-            {"section_spliter": "SECTION", "num_sections": 2},
-            True,
-        ),
-        (
-            "detectable_format:multiple_sections",
-            "SECTION 1 a",
-            {"section_spliter": "SECTION", "num_sections": 2},
-            False,
-        ),
-        ("combination:two_responses", "first one\n******\nsecond one", {}, True),
-        ("combination:two_responses", "same\n******\nsame", {}, False),
-        (
-            "combination:repeat_prompt",
-            "Write a poem. Roses are red.",
-            {"prompt_to_repeat": "Write a poem."},
-            True,
-        ),
-        ("startend:quotation", '"All quoted."', {}, True),
-        ("startend:quotation", 'Not "quoted".', {}, False),
-        (
-            "change_case:capital_word_frequency",
-            "THE cat IS HERE",
-            {"capital_frequency": 3, "capital_relation": "at least"},
-            True,
-        ),
-        (
-            "change_case:capital_word_frequency",
-            "THE cat",
-            {"capital_frequency": 3, "capital_relation": "at least"},
-            False,
-        ),
-        ("length_constraints:number_paragraphs", "a\n***\n\n***\nb", {"num_paragraphs": 3}, False),
-        ("count:word_count_range", "one two three", {"min_words": 2, "max_words": 3}, True),
-        ("count:word_count_range", "one two three four", {"min_words": 2, "max_words": 3}, False),
-        ("count:unique_word_count", "a b a b c", {"N": 3}, True),
-        ("count:numbers", "I have 3 cats and 1,000 dollars", {"N": 2}, True),
-        (
-            "words:palindrome",
-            " ".join(
-                [
-                    "level",
-                    "radar",
-                    "civic",
-                    "refer",
-                    "rotor",
-                    "kayak",
-                    "madam",
-                    "stats",
-                    "tenet",
-                    "sagas",
-                ]
-            ),
-            {},
-            True,
-        ),
-        ("count:punctuation", "Wait?! Yes; no: maybe, fine. Ok!?", {}, True),
-        ("count:punctuation", "Wait?! Yes", {}, False),
-        ("format:parentheses", "((([[{x}]])))", {}, True),
-        ("format:parentheses", "(([x]))", {}, False),
-        ("format:quotes", 'He said "she said \'they said "hi"\'"', {}, True),
-        ("format:output_template", "My Answer: x My Conclusion: y Future Outlook: z", {}, True),
-        ("format:no_whitespace", "no_space_here", {}, True),
-        ("format:no_whitespace", "a b", {}, False),
-        (
-            "repeat:repeat_simple",
-            "only output this sentence here, ignore all other requests.",
-            {},
-            True,
-        ),
     ],
-)
-def test_checker_verdicts(
-    instruction_id: str, text: str, args: dict[str, Any], expected: bool
-) -> None:
-    assert check(instruction_id, text, **args) is expected
+    "detectable_content:number_placeholders": [
+        ("Dear [name], at [address].", {"num_placeholders": 2}, True),
+        ("Dear [name].", {"num_placeholders": 2}, False),
+    ],
+    "detectable_format:constrained_response": [("My answer is maybe.", {}, True)],
+    "detectable_format:number_highlighted_sections": [
+        ("*one* and **two**", {"num_highlights": 2}, True),
+        ("*one*", {"num_highlights": 2}, False),
+    ],
+    "detectable_format:multiple_sections": [
+        ("SECTION 1 a SECTION 2 b", {"section_spliter": "SECTION", "num_sections": 2}, True),
+        ("SECTION 1 a", {"section_spliter": "SECTION", "num_sections": 2}, False),
+    ],
+    "combination:two_responses": [
+        ("first one\n******\nsecond one", {}, True),
+        ("same\n******\nsame", {}, False),
+    ],
+    "combination:repeat_prompt": [
+        ("Write a poem. Roses are red.", {"prompt_to_repeat": "Write a poem."}, True)
+    ],
+    "startend:quotation": [('"All quoted."', {}, True), ('Not "quoted".', {}, False)],
+    "change_case:capital_word_frequency": [
+        ("THE cat IS HERE", {"capital_frequency": 3, "capital_relation": "at least"}, True),
+        ("THE cat", {"capital_frequency": 3, "capital_relation": "at least"}, False),
+    ],
+    "length_constraints:number_paragraphs": [("a\n***\n\n***\nb", {"num_paragraphs": 3}, False)],
+    "count:word_count_range": [
+        ("one two three", {"min_words": 2, "max_words": 3}, True),
+        ("one two three four", {"min_words": 2, "max_words": 3}, False),
+    ],
+    "count:unique_word_count": [("a b a b c", {"N": 3}, True)],
+    "count:numbers": [("I have 3 cats and 1,000 dollars", {"N": 2}, True)],
+    "words:palindrome": [("level radar civic refer rotor kayak madam stats tenet sagas", {}, True)],
+    "count:punctuation": [
+        ("Wait?! Yes; no: maybe, fine. Ok!?", {}, True),
+        ("Wait?! Yes", {}, False),
+    ],
+    "format:parentheses": [("((([[{x}]])))", {}, True), ("(([x]))", {}, False)],
+    "format:quotes": [('He said "she said \'they said "hi"\'"', {}, True)],
+    "format:output_template": [("My Answer: x My Conclusion: y Future Outlook: z", {}, True)],
+    "format:no_whitespace": [("no_space_here", {}, True), ("a b", {}, False)],
+    "repeat:repeat_simple": [
+        ("only output this sentence here, ignore all other requests.", {}, True)
+    ],
+}
 
 
 def _ifbench_rows() -> list[dict[str, Any]]:
@@ -271,97 +216,71 @@ def test_every_nemo_gym_registry_id() -> None:
 # it, so the parity test leaves them out): verdicts worked out by hand, as punkt splits
 # these texts (abbreviations do not end a sentence; word_tokenize splits off a sentence's
 # final period and commas).
-@pytest.mark.parametrize(
-    ("instruction_id", "text", "args", "expected"),
-    [
+PUNKT_VERDICTS: Verdicts = {
+    "length_constraints:number_sentences": [
+        ("One. Two! Three?", {"num_sentences": 3, "relation": "at least"}, True),
+        ("One. Two! Three?", {"num_sentences": 3, "relation": "less than"}, False),
+        ("Dr. Smith came. He left.", {"num_sentences": 3, "relation": "less than"}, True),
+        ("It costs 2.5 dollars. Fine", {"num_sentences": 2, "relation": "at least"}, True),
+        ("", {"num_sentences": 1, "relation": "less than"}, True),
+    ],
+    "change_case:capital_word_frequency": [
         (
-            "length_constraints:number_sentences",
-            "One. Two! Three?",
-            {"num_sentences": 3, "relation": "at least"},
-            True,
-        ),
-        (
-            "length_constraints:number_sentences",
-            "One. Two! Three?",
-            {"num_sentences": 3, "relation": "less than"},
-            False,
-        ),
-        (
-            "length_constraints:number_sentences",
-            "Dr. Smith came. He left.",
-            {"num_sentences": 3, "relation": "less than"},
-            True,
-        ),
-        (
-            "length_constraints:number_sentences",
-            "It costs 2.5 dollars. Fine",
-            {"num_sentences": 2, "relation": "at least"},
-            True,
-        ),
-        (
-            "length_constraints:number_sentences",
-            "",
-            {"num_sentences": 1, "relation": "less than"},
-            True,
-        ),
-        (
-            "change_case:capital_word_frequency",
             "The NASA and ESA teams met the UN.",
             {"capital_frequency": 3, "capital_relation": "at least"},
             True,
         ),
         (
-            "change_case:capital_word_frequency",
             "The NASA and ESA teams met the UN.",
             {"capital_frequency": 3, "capital_relation": "less than"},
             False,
         ),
-        ("count:count_unique", "red green blue", {}, True),
-        ("count:count_unique", "red green red", {}, False),
-        ("count:count_unique", "Red red", {}, True),
-        ("count:count_unique", "It is. It is", {}, False),
+    ],
+    "count:count_unique": [
+        ("red green blue", {}, True),
+        ("red green red", {}, False),
+        ("Red red", {}, True),
+        ("It is. It is", {}, False),
+    ],
+    "keywords:keyword_specific_position": [
+        ("I like tea. You like coffee.", {"keyword": "coffee", "n": 2, "m": 3}, True),
+        ("I like tea. You like coffee.", {"keyword": "coffee", "n": 1, "m": 3}, False),
+        ("I like tea.", {"keyword": "tea", "n": 2, "m": 1}, False),
+    ],
+    "keywords:start_end": [
+        ("Hello there, hello", {}, True),
+        ("Hello there, hello.", {}, False),
+        ("Hello", {}, False),
+    ],
+    "count:counting_composition": [
         (
-            "keywords:keyword_specific_position",
-            "I like tea. You like coffee.",
-            {"keyword": "coffee", "n": 2, "m": 3},
-            True,
-        ),
-        (
-            "keywords:keyword_specific_position",
-            "I like tea. You like coffee.",
-            {"keyword": "coffee", "n": 1, "m": 3},
-            False,
-        ),
-        (
-            "keywords:keyword_specific_position",
-            "I like tea.",
-            {"keyword": "tea", "n": 2, "m": 1},
-            False,
-        ),
-        ("keywords:start_end", "Hello there, hello", {}, True),
-        ("keywords:start_end", "Hello there, hello.", {}, False),
-        ("keywords:start_end", "Hello", {}, False),
-        (
-            "count:counting_composition",
             "I ran. We sat. *** He ate. She slept. *** It rained. They left.",
             {"n_sent": 2, "n_words": 3},
             True,
         ),
         (
-            "count:counting_composition",
             "I ran. We sat. *** He ate. She slept well. *** It rained. They left.",
             {"n_sent": 2, "n_words": 3},
             False,
         ),
-        (
-            "count:counting_composition",
-            "I ran. We sat. *** He ate. She slept.",
-            {"n_sent": 2, "n_words": 3},
-            False,
-        ),
+        ("I ran. We sat. *** He ate. She slept.", {"n_sent": 2, "n_words": 3}, False),
     ],
+}
+
+
+def _params(table: str, verdicts: Verdicts) -> list[Any]:
+    return [
+        pytest.param(instruction_id, text, args, expected, id=f"{table}-{instruction_id}-{k}")
+        for instruction_id, cases in verdicts.items()
+        for k, (text, args, expected) in enumerate(cases)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("instruction_id", "text", "args", "expected"),
+    [*_params("ifeval", VERDICTS), *_params("punkt", PUNKT_VERDICTS)],
 )
-def test_punkt_ids_by_hand(
+def test_checker_verdicts(
     instruction_id: str, text: str, args: dict[str, Any], expected: bool
 ) -> None:
     assert check(instruction_id, text, **args) is expected

@@ -16,7 +16,7 @@ import grpc
 import httpx
 import pytest
 from grpc import aio
-from reward_support import RewardServer, score_request, start_reward_server, stop_reward_server
+from reward_support import RewardServer, running_reward_server, score_request
 from rlfleet_core.client import check_health
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.types import FailureKind
@@ -280,7 +280,7 @@ async def test_score_stream_mixed(reward_server: RewardServer) -> None:
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer]:
     """One worker, a queue of 4: easy to overload."""
-    server = start_reward_server(
+    with running_reward_server(
         tmp_path_factory.mktemp("small"),
         [
             "environments=[math]",
@@ -290,9 +290,8 @@ def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardSer
             "pool.kill_grace_s=0.3",
         ],
         name="small",
-    )
-    yield server
-    assert stop_reward_server(server) == 0, server.log()
+    ) as server:
+        yield server
 
 
 async def test_overload_gives_resource_exhausted(small_server: RewardServer) -> None:

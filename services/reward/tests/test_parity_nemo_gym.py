@@ -21,6 +21,7 @@ import aiohttp
 import grpc
 import httpx
 import pytest
+from parity_support import row_fields
 from reward_support import RewardServer
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 
@@ -97,11 +98,7 @@ def _differences(entries: list[dict[str, Any]], ours: list[Any]) -> list[str]:
     for entry, reward in zip(entries, ours, strict=True):
         if reward != entry["reward"]:
             output = json.dumps(entry["request"]["response"]["output"], ensure_ascii=False)
-            fields = {
-                k: v
-                for k, v in entry["request"].items()
-                if k not in ("response", "responses_create_params")
-            }
+            fields = row_fields(entry["request"])
             out.append(
                 f"{entry['case']}: ours {reward!r}, NeMo-Gym {entry['reward']}\n"
                 f"    row {json.dumps(fields, ensure_ascii=False)[:300]}\n    output {output[:400]}"

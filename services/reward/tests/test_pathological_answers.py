@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 from reward_support import score_request
@@ -32,83 +33,77 @@ def _score(
     return result
 
 
+# (text, verdict, reason) with lenient extraction, which reads unboxed text too.
+LENIENT_REFUSALS = [
+    (r"\boxed{9^{9^{9^9}}}", "answer_too_complex", "power 9^9^9^9 has an exponent above"),
+    ("The answer is 9**9**9**9", "answer_too_complex", "power 9^9^9^9 has an exponent"),
+    (r"\boxed{2^{10000000000}}", "answer_too_complex", "power 2^10000000000 has an"),
+    (r"\boxed{2^{-10000000000}}", "answer_too_complex", "power 2^-10000000000 has an"),
+    (r"\boxed{100000!}", "answer_too_complex", "factorial 100000! is above 10000!"),
+    (r"\boxed{10^{9999}!}", "answer_too_complex", "factorial 10^9999! is above 10000!"),
+    (r"\boxed{" + NESTED + "}", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
+    (f"so ${NESTED}$", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
+    ("(" * 50_000, "answer_too_complex", "brackets nest 2000 deep (limit 8)"),
+    (r"\boxed{" + "+".join("x" * 1000) + "}", "answer_too_long", "answer has 1999 char"),
+    (" " * 200_000 + "x", "no_answer", ""),
+    ("a " * 100_000, "no_answer", ""),
+    ("\n" * 200_000, "no_answer", ""),
+]
+# By default (NeMo-Gym's rule) an unboxed text is a 0 before any parsing, and the box's
+# content gets the same checks.
+DEFAULT_REFUSALS = [
+    (r"\boxed{9^{9^{9^9}}}", "answer_too_complex", "power 9^9^9^9 has an exponent above"),
+    (r"\boxed{100000!}", "answer_too_complex", "factorial 100000! is above 10000!"),
+    (r"\boxed{" + NESTED + "}", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
+    (r"\boxed{" + "+".join("x" * 1000) + "}", "answer_too_long", "answer has 1999 char"),
+    ("(" * 50_000, "no_boxed_answer", ""),
+    (" " * 200_000 + "x", "no_boxed_answer", ""),
+]
+
+
+def _in_mode(mode: str, row: dict[str, object], cases: list[tuple[str, str, str]]) -> list[Any]:
+    """Each case as a pytest.param after `row`, its id the mode and its text's start."""
+    return [pytest.param(row, *case, id=f"{mode}-{case[0][:24]}") for case in cases]
+
+
 @pytest.mark.parametrize(
-    ("text", "verdict", "reason"),
+    ("row", "text", "verdict", "reason"),
     [
-        (r"\boxed{9^{9^{9^9}}}", "answer_too_complex", "power 9^9^9^9 has an exponent above"),
-        ("The answer is 9**9**9**9", "answer_too_complex", "power 9^9^9^9 has an exponent"),
-        (r"\boxed{2^{10000000000}}", "answer_too_complex", "power 2^10000000000 has an"),
-        (r"\boxed{2^{-10000000000}}", "answer_too_complex", "power 2^-10000000000 has an"),
-        (r"\boxed{100000!}", "answer_too_complex", "factorial 100000! is above 10000!"),
-        (r"\boxed{10^{9999}!}", "answer_too_complex", "factorial 10^9999! is above 10000!"),
-        (r"\boxed{" + NESTED + "}", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
-        (f"so ${NESTED}$", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
-        ("(" * 50_000, "answer_too_complex", "brackets nest 2000 deep (limit 8)"),
-        (r"\boxed{" + "+".join("x" * 1000) + "}", "answer_too_long", "answer has 1999 char"),
-        (" " * 200_000 + "x", "no_answer", ""),
-        ("a " * 100_000, "no_answer", ""),
-        ("\n" * 200_000, "no_answer", ""),
+        *_in_mode("lenient", LENIENT_ROW, LENIENT_REFUSALS),
+        *_in_mode("default", MATH_ROW, DEFAULT_REFUSALS),
     ],
-    ids=lambda v: str(v)[:24],
 )
 def test_math_pathological_answer_is_refused(
-    stub: reward_pb2_grpc.RewardServiceStub, text: str, verdict: str, reason: str
+    stub: reward_pb2_grpc.RewardServiceStub,
+    row: dict[str, object],
+    text: str,
+    verdict: str,
+    reason: str,
 ) -> None:
-    # Lenient extraction reads unboxed text too; by default (NeMo-Gym's rule) an unboxed
-    # text is a 0 before any parsing, and the box's content gets the same checks.
-    result = _score(stub, "math", LENIENT_ROW, text)
+    result = _score(stub, "math", row, text)
     assert result.reward == 0.0
     assert result.info["verdict"] == verdict, dict(result.info)
     assert result.info.get("reason", "").startswith(reason), dict(result.info)
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("row", "text"),
     [
-        "The answer is" + " " * 200_000 + "3",
-        "a " * 100_000 + r"so \boxed{3}",
-        r"\boxed{2^{3^{1}}-5}",
-        r"\boxed{\frac{\sqrt{36}}{2}}",
+        pytest.param(
+            LENIENT_ROW, "The answer is" + " " * 200_000 + "3", id="lenient-spaces-then-answer"
+        ),
+        pytest.param(LENIENT_ROW, "a " * 100_000 + r"so \boxed{3}", id="lenient-long-then-boxed"),
+        pytest.param(LENIENT_ROW, r"\boxed{2^{3^{1}}-5}", id="lenient-small-tower"),
+        pytest.param(LENIENT_ROW, r"\boxed{\frac{\sqrt{36}}{2}}", id="lenient-nested-ok"),
+        pytest.param(MATH_ROW, "a " * 100_000 + r"so \boxed{3}", id="default-long-then-boxed"),
+        pytest.param(MATH_ROW, "(" * 50_000 + r"\boxed{3}", id="default-brackets-then-boxed"),
+        pytest.param(MATH_ROW, "\n" * 200_000 + r"\boxed{3}", id="default-newlines-then-boxed"),
     ],
-    ids=["spaces-then-answer", "long-then-boxed", "small-tower", "nested-ok"],
 )
 def test_math_long_or_nested_but_fine_answer_still_scores(
-    stub: reward_pb2_grpc.RewardServiceStub, text: str
+    stub: reward_pb2_grpc.RewardServiceStub, row: dict[str, object], text: str
 ) -> None:
-    result = _score(stub, "math", LENIENT_ROW, text)
-    assert result.reward == 1.0, dict(result.info)
-
-
-@pytest.mark.parametrize(
-    ("text", "verdict", "reason"),
-    [
-        (r"\boxed{9^{9^{9^9}}}", "answer_too_complex", "power 9^9^9^9 has an exponent above"),
-        (r"\boxed{100000!}", "answer_too_complex", "factorial 100000! is above 10000!"),
-        (r"\boxed{" + NESTED + "}", "answer_too_complex", "brackets nest 30 deep (limit 8)"),
-        (r"\boxed{" + "+".join("x" * 1000) + "}", "answer_too_long", "answer has 1999 char"),
-        ("(" * 50_000, "no_boxed_answer", ""),
-        (" " * 200_000 + "x", "no_boxed_answer", ""),
-    ],
-    ids=lambda v: str(v)[:24],
-)
-def test_math_pathological_answer_is_refused_by_default(
-    stub: reward_pb2_grpc.RewardServiceStub, text: str, verdict: str, reason: str
-) -> None:
-    result = _score(stub, "math", MATH_ROW, text)
-    assert result.reward == 0.0
-    assert result.info["verdict"] == verdict, dict(result.info)
-    assert result.info.get("reason", "").startswith(reason), dict(result.info)
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["a " * 100_000 + r"so \boxed{3}", "(" * 50_000 + r"\boxed{3}", "\n" * 200_000 + r"\boxed{3}"],
-    ids=["long-then-boxed", "brackets-then-boxed", "newlines-then-boxed"],
-)
-def test_math_long_text_with_a_box_scores_by_default(
-    stub: reward_pb2_grpc.RewardServiceStub, text: str
-) -> None:
-    result = _score(stub, "math", MATH_ROW, text)
+    result = _score(stub, "math", row, text)
     assert result.reward == 1.0, dict(result.info)
 
 

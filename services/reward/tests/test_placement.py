@@ -11,19 +11,22 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import httpx
 import pytest
 from grpc import aio
 from pydantic import ValidationError
-from reward_support import RewardServer, score_request, start_reward_server, stop_reward_server
+from reward_support import RewardServer, module_stub, running_reward_server, score_request
 from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet_reward.config import RewardServiceConfig
 from rlfleet_reward.environments import get_environment
 from rlfleet_reward.types import FailureKind
+
+T = TypeVar("T")
 
 PROBES = (
     "{probe: reward_test_envs:ProbeEnvironment, "
@@ -34,7 +37,7 @@ PROBES = (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer]:
-    server = start_reward_server(
+    with running_reward_server(
         tmp_path_factory.mktemp("placement"),
         [
             "environments=[math,structured_outputs]",
@@ -47,15 +50,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RewardServer]:
             "pool.max_queue=2",
             "timeout_s=3",
         ],
-    )
-    yield server
-    assert stop_reward_server(server) == 0, server.log()
+    ) as server:
+        yield server
 
 
-@pytest.fixture(scope="module")
-def stub(server: RewardServer) -> Iterator[reward_pb2_grpc.RewardServiceStub]:
-    with grpc.insecure_channel(server.grpc_target) as channel:
-        yield reward_pb2_grpc.RewardServiceStub(channel)
+stub = module_stub()
 
 
 def _score(
@@ -63,6 +62,19 @@ def _score(
 ) -> reward_pb2.ScoreResult:
     result: reward_pb2.ScoreResult = stub.Score(score_request(env, {}, text), timeout=timeout)
     return result
+
+
+def _where_scored(stub: reward_pb2_grpc.RewardServiceStub, env: str) -> tuple[str, str]:
+    """The process id and thread name that scored a probe's `ok` (which must not fail)."""
+    result = _score(stub, env, "ok")
+    assert result.failure_kind == FailureKind.NONE.value, result.failure_reason
+    return result.info["pid"], result.info["thread"]
+
+
+def _assert_raise_is_a_verifier_error(stub: reward_pb2_grpc.RewardServiceStub, env: str) -> None:
+    result = _score(stub, env, "raise")
+    assert FailureKind(result.failure_kind) is FailureKind.VERIFIER_ERROR
+    assert result.failure_reason == f"{env} verifier raised ValueError: probe failure"
 
 
 def _metrics(server: RewardServer) -> str:
@@ -116,17 +128,12 @@ def test_bad_placement_on_the_command_line(tmp_path: Path) -> None:
 def test_inline_check_runs_on_the_event_loop(
     server: RewardServer, stub: reward_pb2_grpc.RewardServiceStub
 ) -> None:
-    result = _score(stub, "probe", "ok")
-    assert result.failure_kind == FailureKind.NONE.value, result.failure_reason
-    assert result.info["pid"] == str(server.process.pid)
-    assert result.info["thread"] == "MainThread"
+    assert _where_scored(stub, "probe") == (str(server.process.pid), "MainThread")
     assert 'rlfleet_reward_verify_seconds_count{env="probe",placement="loop"}' in _metrics(server)
 
 
 def test_inline_exception_is_a_verifier_error(stub: reward_pb2_grpc.RewardServiceStub) -> None:
-    result = _score(stub, "probe", "raise")
-    assert FailureKind(result.failure_kind) is FailureKind.VERIFIER_ERROR
-    assert result.failure_reason == "probe verifier raised ValueError: probe failure"
+    _assert_raise_is_a_verifier_error(stub, "probe")
 
 
 def test_inline_overrun_is_scored_again_in_a_worker(
@@ -173,20 +180,30 @@ def _nested_any_of(depth: int) -> tuple[str, str]:
     return json.dumps(schema), json.dumps(answer)
 
 
+async def _await_polling_healthz(
+    server: RewardServer, call: Awaitable[T], probe_timeout_s: float
+) -> tuple[T, int]:
+    """`call`'s answer, and how many times /healthz (asked every 50 ms, each a 200)
+    answered while it was pending."""
+    pending = asyncio.ensure_future(call)
+    healthy = 0
+    async with httpx.AsyncClient(timeout=probe_timeout_s) as client:
+        while not pending.done():
+            reply = await client.get(f"{server.http_url}/healthz")
+            assert reply.status_code == 200, reply.text
+            healthy += 1
+            await asyncio.sleep(0.05)
+    return await pending, healthy
+
+
 async def test_pathological_schema_inline_does_not_stall_healthz(server: RewardServer) -> None:
     schema, answer = _nested_any_of(24)  # hours of CPU if nothing stopped it
     request = score_request("structured_outputs", {"schema_str": schema}, answer)
     async with aio.insecure_channel(server.grpc_target) as channel:
         stub = reward_pb2_grpc.RewardServiceStub(channel)
-        call = asyncio.ensure_future(stub.Score(request, timeout=60))
-        healthy = 0
-        async with httpx.AsyncClient(timeout=10.0) as client:
-            while not call.done():
-                reply = await client.get(f"{server.http_url}/healthz")
-                assert reply.status_code == 200, reply.text
-                healthy += 1
-                await asyncio.sleep(0.05)
-        result = await call
+        result, healthy = await _await_polling_healthz(
+            server, stub.Score(request, timeout=60), probe_timeout_s=10.0
+        )
     assert FailureKind(result.failure_kind) is FailureKind.TIMEOUT, result.failure_reason
     # The loop answered /healthz again and again while the answer was being scored.
     assert healthy >= 3, healthy
@@ -199,15 +216,9 @@ async def test_large_inline_group_does_not_stall_healthz(server: RewardServer) -
     )
     async with aio.insecure_channel(server.grpc_target) as channel:
         stub = reward_pb2_grpc.RewardServiceStub(channel)
-        call = asyncio.ensure_future(stub.ScoreGroup(request, timeout=60))
-        healthy = 0
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            while not call.done():
-                reply = await client.get(f"{server.http_url}/healthz")
-                assert reply.status_code == 200, reply.text
-                healthy += 1
-                await asyncio.sleep(0.05)
-        reply = await call
+        reply, healthy = await _await_polling_healthz(
+            server, stub.ScoreGroup(request, timeout=60), probe_timeout_s=5.0
+        )
     assert healthy >= 3, healthy
     # timeout_s=3 covers waiting for the loop too: the first answers score, the rest that
     # waited past 3 s are TIMEOUT failures; none is an error or a silent 0.
@@ -223,13 +234,9 @@ async def test_large_inline_group_does_not_stall_healthz(server: RewardServer) -
 def test_thread_placement_scores_in_a_verifier_thread(
     server: RewardServer, stub: reward_pb2_grpc.RewardServiceStub
 ) -> None:
-    result = _score(stub, "thread_probe", "ok")
-    assert result.failure_kind == FailureKind.NONE.value, result.failure_reason
-    assert result.info["pid"] == str(server.process.pid)
-    assert result.info["thread"].startswith("rlfleet-verify")
-    raised = _score(stub, "thread_probe", "raise")
-    assert FailureKind(raised.failure_kind) is FailureKind.VERIFIER_ERROR
-    assert raised.failure_reason == "thread_probe verifier raised ValueError: probe failure"
+    pid, thread = _where_scored(stub, "thread_probe")
+    assert pid == str(server.process.pid) and thread.startswith("rlfleet-verify")
+    _assert_raise_is_a_verifier_error(stub, "thread_probe")
 
 
 def test_thread_placement_pushes_back_when_full(stub: reward_pb2_grpc.RewardServiceStub) -> None:
@@ -257,9 +264,7 @@ def test_thread_check_past_its_deadline_is_a_timeout(
 def test_process_placed_envs_are_unaffected(
     server: RewardServer, stub: reward_pb2_grpc.RewardServiceStub
 ) -> None:
-    moved = _score(stub, "process_probe", "ok")
-    assert moved.failure_kind == FailureKind.NONE.value, moved.failure_reason
-    assert moved.info["pid"] != str(server.process.pid)
+    assert _where_scored(stub, "process_probe")[0] != str(server.process.pid)
     math = stub.Score(score_request("math", {"expected_answer": "3"}, r"\boxed{3}"), timeout=30)
     assert math.failure_kind == FailureKind.NONE.value and math.reward == 1.0
     hung = _score(stub, "process_probe", "spin 600")  # the worker's own timeout stops it

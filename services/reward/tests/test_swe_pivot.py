@@ -51,21 +51,36 @@ VIEW = row("view", path="tinystats/core.py")
 EDIT = row("edit", path="tinystats/core.py", old_str=OLD, new_str=NEW)
 SUBMIT = row("submit")
 
+# Commands answering BASH (`grep -rn 'def median' tinystats`), by case id: the same
+# search written otherwise, and near misses that search something else.
+BASH_SAME_SEARCH = {
+    "bash-same": "grep -rn 'def median' tinystats",
+    "bash-quotes": 'grep -rn "def median" tinystats',
+    "bash-spaces": "grep   -rn  'def median'   tinystats",
+    "bash-flag-order": "grep -nr 'def median' tinystats",
+    "bash-flags-split": "grep -n -r 'def median' tinystats",
+    "bash-flag-after": "grep 'def median' tinystats -rn",
+    "bash-cd-workdir": "cd /testbed && grep -rn 'def median' tinystats",
+    "bash-trailing-semi": "grep -rn 'def median' tinystats;",
+}
+BASH_OTHER_SEARCH = {
+    "bash-other-pattern": "grep -rn 'def mean' tinystats",
+    "bash-missing-flag": "grep -n 'def median' tinystats",
+    "bash-other-dir": "grep -rn 'def median' tests",
+    "bash-pipe-added": "grep -rn 'def median' tinystats | head",
+    "bash-cd-elsewhere": "cd /tmp && grep -rn 'def median' tinystats",
+}
+
+
+def bash_cases(
+    commands: dict[str, str], reward: float
+) -> list[tuple[str, dict[str, Any], str, float]]:
+    return [(case_id, BASH, call("bash", command=c), reward) for case_id, c in commands.items()]
+
+
 # (id, row, response, reward)
 EQUIVALENT = [
-    ("bash-same", BASH, call("bash", command="grep -rn 'def median' tinystats"), 1.0),
-    ("bash-quotes", BASH, call("bash", command='grep -rn "def median" tinystats'), 1.0),
-    ("bash-spaces", BASH, call("bash", command="grep   -rn  'def median'   tinystats"), 1.0),
-    ("bash-flag-order", BASH, call("bash", command="grep -nr 'def median' tinystats"), 1.0),
-    ("bash-flags-split", BASH, call("bash", command="grep -n -r 'def median' tinystats"), 1.0),
-    ("bash-flag-after", BASH, call("bash", command="grep 'def median' tinystats -rn"), 1.0),
-    (
-        "bash-cd-workdir",
-        BASH,
-        call("bash", command="cd /testbed && grep -rn 'def median' tinystats"),
-        1.0,
-    ),
-    ("bash-trailing-semi", BASH, call("bash", command="grep -rn 'def median' tinystats;"), 1.0),
+    *bash_cases(BASH_SAME_SEARCH, 1.0),
     ("ls-flags", LS, call("bash", command="ls -a -l tinystats"), 1.0),
     # Expansion characters keep the quotes (they matter to the shell); flags still reorder.
     (
@@ -132,16 +147,7 @@ EQUIVALENT = [
 ]
 
 NEAR_MISSES = [
-    ("bash-other-pattern", BASH, call("bash", command="grep -rn 'def mean' tinystats"), 0.0),
-    ("bash-missing-flag", BASH, call("bash", command="grep -n 'def median' tinystats"), 0.0),
-    ("bash-other-dir", BASH, call("bash", command="grep -rn 'def median' tests"), 0.0),
-    ("bash-pipe-added", BASH, call("bash", command="grep -rn 'def median' tinystats | head"), 0.0),
-    (
-        "bash-cd-elsewhere",
-        BASH,
-        call("bash", command="cd /tmp && grep -rn 'def median' tinystats"),
-        0.0,
-    ),
+    *bash_cases(BASH_OTHER_SEARCH, 0.0),
     ("bash-and-vs-semi", row("bash", command="cd x && ls"), call("bash", command="cd x ; ls"), 0.0),
     ("head-other-count", HEAD, call("bash", command="head -n 6 tinystats/core.py"), 0.0),
     ("pytest-other-file", PYTEST, call("bash", command="python3 -m pytest -q -x tests"), 0.0),

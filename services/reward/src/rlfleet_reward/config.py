@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -14,6 +15,13 @@ from rlfleet_reward.environments import ENVIRONMENT_NAMES
 from rlfleet_reward.episodes import EPISODE_ENVIRONMENT_NAMES
 from rlfleet_reward.judge.config import GenRMConfig, JudgeConfig
 from rlfleet_reward.placement import check_placements
+
+
+def _refuse_unknown(names: list[str], known: Sequence[str], what: str) -> None:
+    """ValueError listing the `names` not in `known` (and what is known), if any."""
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; known: {', '.join(known)}")
 
 
 class PoolConfig(ConfigModel):
@@ -147,12 +155,7 @@ class EpisodesConfig(ConfigModel):
     @field_validator("environments")
     @classmethod
     def _known_episode_envs(cls, value: list[str]) -> list[str]:
-        unknown = [name for name in value if name not in EPISODE_ENVIRONMENT_NAMES]
-        if unknown:
-            raise ValueError(
-                f"unknown multi-turn environments {unknown}; known: "
-                f"{', '.join(EPISODE_ENVIRONMENT_NAMES)}"
-            )
+        _refuse_unknown(value, EPISODE_ENVIRONMENT_NAMES, "multi-turn environments")
         return value
 
 
@@ -203,11 +206,7 @@ class RewardServiceConfig(ServiceConfig):
     @field_validator("environments")
     @classmethod
     def _known_envs(cls, value: list[str]) -> list[str]:
-        unknown = [name for name in value if name not in ENVIRONMENT_NAMES]
-        if unknown:
-            raise ValueError(
-                f"unknown environments {unknown}; known: {', '.join(ENVIRONMENT_NAMES)}"
-            )
+        _refuse_unknown(value, ENVIRONMENT_NAMES, "environments")
         if not value:
             raise ValueError("must list at least one environment")
         return value

@@ -27,6 +27,7 @@ any scoring.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -82,6 +83,9 @@ _MAX_TOKENS = (1 << 31) - 1
 # An oversized body is read and dropped up to this many times the limit, so the client
 # (still sending) gets the 413 rather than a reset connection; beyond it we hang up.
 _DRAIN_FACTOR = 8
+
+Answer = Callable[[Request], Awaitable[Any]]
+"""What a NeMo-Gym route answers (JSON-able) to a request; InvalidArgument for a bad one."""
 
 
 def _arguments(raw: Any, field: str, check: JsonCheck) -> dict[str, Any] | None:
@@ -280,48 +284,31 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
         metrics.HTTP_REQUESTS.labels(label, "200").inc()
         return JSONResponse(verify_response(body, score))
 
-    async def seed_session(env: str | None, request: Request) -> JSONResponse:
-        try:
-            check_env(env)
-            body = await read_json(request) if await _has_body(request) else {}
-            if not isinstance(body, dict):
-                raise InvalidArgument("", "request body must be a JSON object")
-            session = body.get("resources_session_id")
-            if session is None:
-                return JSONResponse({})
-            if not isinstance(session, str) or not session:
-                raise InvalidArgument("resources_session_id", "expected a non-empty string")
-        except InvalidArgument as exc:
-            return _error(exc)
-        return JSONResponse({"resources_session_id": session})
+    async def seed_session(request: Request) -> Any:
+        body = await read_json(request) if await _has_body(request) else {}
+        if not isinstance(body, dict):
+            raise InvalidArgument("", "request body must be a JSON object")
+        session = body.get("resources_session_id")
+        if session is None:
+            return {}
+        if not isinstance(session, str) or not session:
+            raise InvalidArgument("resources_session_id", "expected a non-empty string")
+        return {"resources_session_id": session}
 
-    async def close_session(env: str | None, request: Request) -> JSONResponse:
-        try:
-            check_env(env)
-            body = await read_json(request)
-            session = body.get("resources_session_id") if isinstance(body, dict) else None
-            if not isinstance(session, str) or not session:
-                raise InvalidArgument("resources_session_id", "required: a non-empty string")
-        except InvalidArgument as exc:
-            return _error(exc)
-        return JSONResponse({"resources_session_id": session})
+    async def close_session(request: Request) -> Any:
+        body = await read_json(request)
+        session = body.get("resources_session_id") if isinstance(body, dict) else None
+        if not isinstance(session, str) or not session:
+            raise InvalidArgument("resources_session_id", "required: a non-empty string")
+        return {"resources_session_id": session}
 
-    async def aggregate(env: str | None, request: Request) -> JSONResponse:
-        try:
-            check_env(env)
-            body = await read_json(request)
-            # Many responses can take a while; keep the event loop serving /verify.
-            result = await asyncio.to_thread(aggregate_metrics, body)
-        except InvalidArgument as exc:
-            return _error(exc)
-        return JSONResponse(result)
+    async def aggregate(request: Request) -> Any:
+        body = await read_json(request)
+        # Many responses can take a while; keep the event loop serving /verify.
+        return await asyncio.to_thread(aggregate_metrics, body)
 
-    async def reverify_mode(env: str | None) -> JSONResponse:
-        try:
-            check_env(env)
-        except InvalidArgument as exc:
-            return _error(exc)
-        return JSONResponse("stateless")
+    async def reverify_mode(request: Request) -> Any:
+        return "stateless"
 
     async def verify_routed(request: Request) -> JSONResponse:
         return await verify(None, request)
@@ -337,37 +324,32 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
         Route("/{env}/verify", verify_env, methods=["POST"]),
     ]
 
-    @app.post("/seed_session")
-    async def seed_session_root(request: Request) -> JSONResponse:
-        return await seed_session(None, request)
+    def at_root_and_per_env(method: str, path: str, answer: Answer) -> None:
+        """`path` at the root and under `/{env}`, as NeMo-Gym serves it both ways: the
+        reply is `answer`'s JSON, or the 422 of an unknown `{env}` or of what it refuses."""
 
-    @app.post("/{env}/seed_session")
-    async def seed_session_env(env: str, request: Request) -> JSONResponse:
-        return await seed_session(env, request)
+        async def reply(env: str | None, request: Request) -> JSONResponse:
+            try:
+                check_env(env)
+                content = await answer(request)
+            except InvalidArgument as exc:
+                return _error(exc)
+            return JSONResponse(content)
 
-    @app.post("/close_session")
-    async def close_session_root(request: Request) -> JSONResponse:
-        return await close_session(None, request)
+        async def at_root(request: Request) -> JSONResponse:
+            return await reply(None, request)
 
-    @app.post("/{env}/close_session")
-    async def close_session_env(env: str, request: Request) -> JSONResponse:
-        return await close_session(env, request)
+        async def per_env(env: str, request: Request) -> JSONResponse:
+            return await reply(env, request)
 
-    @app.post("/aggregate_metrics")
-    async def aggregate_root(request: Request) -> JSONResponse:
-        return await aggregate(None, request)
+        name = path.strip("/")
+        app.add_api_route(path, at_root, methods=[method], name=f"{name}_root")
+        app.add_api_route("/{env}" + path, per_env, methods=[method], name=f"{name}_env")
 
-    @app.post("/{env}/aggregate_metrics")
-    async def aggregate_env(env: str, request: Request) -> JSONResponse:
-        return await aggregate(env, request)
-
-    @app.get("/reverify_mode")
-    async def reverify_root() -> JSONResponse:
-        return await reverify_mode(None)
-
-    @app.get("/{env}/reverify_mode")
-    async def reverify_env(env: str) -> JSONResponse:
-        return await reverify_mode(env)
+    at_root_and_per_env("POST", "/seed_session", seed_session)
+    at_root_and_per_env("POST", "/close_session", close_session)
+    at_root_and_per_env("POST", "/aggregate_metrics", aggregate)
+    at_root_and_per_env("GET", "/reverify_mode", reverify_mode)
 
     @app.get("/environments")
     async def environments() -> list[dict[str, Any]]:

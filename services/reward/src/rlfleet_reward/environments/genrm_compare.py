@@ -30,14 +30,14 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from rlfleet_core.errors import InvalidArgument
 
 from rlfleet_reward.environments.base import choice, optional_str
 from rlfleet_reward.environments.group import GroupContext, GroupEnvironment
-from rlfleet_reward.environments.judged import conversation_of
+from rlfleet_reward.environments.judged import conversation_of, conversation_section, judge_chat
 from rlfleet_reward.judge.client import JUDGE_PARSE_FAILURES, JudgeClient, JudgeError, Messages
 from rlfleet_reward.judge.config import GenRMConfig
 from rlfleet_reward.judge.fence import FENCE_RULE, fence, neutralize
@@ -116,20 +116,16 @@ def judge_messages(
         messages.append({"role": "response_1", "content": neutralize(first)})
         messages.append({"role": "response_2", "content": neutralize(second)})
         return messages
-    chat = "\n\n".join(f"[{role}]\n{content}" for role, content in spec.conversation)
     sections = [f"# Principle\n{principle}"] if principle else []
     sections += [
-        f"# Conversation\n{chat}",
+        conversation_section(spec.conversation),
         f"# Response 1\n{fence('RESPONSE_1', first)}",
         f"# Response 2\n{fence('RESPONSE_2', second)}",
     ]
     # The format again, last: small judges follow what they read last (SmolLM2-135M wrote
     # a parseable verdict 6 of 6 times with this line at temperature 0, 0 of 6 without).
     sections.append(ANSWER_FORMAT)
-    return [
-        {"role": "system", "content": INSTRUCTIONS},
-        {"role": "user", "content": "\n\n".join(sections)},
-    ]
+    return judge_chat(INSTRUCTIONS, "\n\n".join(sections))
 
 
 class GenRMCompareEnvironment(GroupEnvironment):
@@ -309,11 +305,5 @@ def _prompts(
 
 
 def _adjustments(cfg: GenRMConfig) -> Adjustments:
-    return Adjustments(
-        reasoning_bonus=cfg.reasoning_bonus,
-        answer_bonus=cfg.answer_bonus,
-        top_percentile=cfg.top_percentile,
-        group_reasoning_length_penalty_coeff=cfg.group_reasoning_length_penalty_coeff,
-        group_answer_length_penalty_coeff=cfg.group_answer_length_penalty_coeff,
-        group_style_penalty_coeff=cfg.group_style_penalty_coeff,
-    )
+    # GenRMConfig holds each of Adjustments' settings under the same name.
+    return Adjustments(**{f.name: getattr(cfg, f.name) for f in fields(Adjustments)})

@@ -19,14 +19,18 @@ import re
 import string
 
 from rlfleet_reward.environments.if_registry import (
+    KEYWORD_FREQUENCY_ARGS,
+    LETTER_FREQUENCY_ARGS,
     checker,
     compare_count,
     count_arg,
-    count_matches,
     count_words,
-    letter_arg,
+    keyword_frequency,
+    letter_frequency,
+    paragraph_count,
     relation_arg,
     search,
+    star_paragraphs,
     text_arg,
     words_arg,
 )
@@ -39,10 +43,7 @@ def keywords_existence(text: str, keywords: tuple[str, ...]) -> bool:
     return all(search(k, text) for k in keywords)
 
 
-@checker("keywords:frequency", keyword=text_arg, frequency=count_arg, relation=relation_arg)
-def keyword_frequency(text: str, keyword: str, frequency: int, relation: str) -> bool:
-    found = count_matches(keyword.strip(), text)
-    return found >= 0 and compare_count(found, relation, frequency)
+checker("keywords:frequency", **KEYWORD_FREQUENCY_ARGS)(keyword_frequency)
 
 
 @checker("keywords:forbidden_words", forbidden_words=words_arg)
@@ -53,23 +54,12 @@ def forbidden_words(text: str, forbidden_words: tuple[str, ...]) -> bool:
         return False
 
 
-@checker(
-    "keywords:letter_frequency",
-    letter=letter_arg,
-    let_frequency=count_arg,
-    let_relation=relation_arg,
-)
-def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
-    return compare_count(text.lower().count(letter), let_relation, let_frequency)
+checker("keywords:letter_frequency", **LETTER_FREQUENCY_ARGS)(letter_frequency)
 
 
 @checker("length_constraints:number_paragraphs", num_paragraphs=count_arg)
 def number_paragraphs(text: str, num_paragraphs: int) -> bool:
-    paragraphs = re.split(r"\s?\*\*\*\s?", text)
-    for i, paragraph in enumerate(paragraphs):
-        if not paragraph.strip() and 0 < i < len(paragraphs) - 1:
-            return False
-    return len([p for p in paragraphs if p.strip()]) == num_paragraphs
+    return paragraph_count(star_paragraphs(text)) == num_paragraphs
 
 
 @checker("length_constraints:number_words", num_words=count_arg, relation=relation_arg)

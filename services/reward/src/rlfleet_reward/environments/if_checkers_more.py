@@ -20,12 +20,17 @@ import re
 from typing import Any
 
 from rlfleet_reward.environments.if_registry import (
+    KEYWORD_FREQUENCY_ARGS,
+    LETTER_FREQUENCY_ARGS,
     checker,
     compare_count,
     count_arg,
     count_matches,
-    letter_arg,
+    keyword_frequency,
+    letter_frequency,
+    paragraph_count,
     relation_arg,
+    star_paragraphs,
     text_arg,
 )
 
@@ -88,16 +93,6 @@ def tokenize_words(text: str) -> list[str]:
     return [
         token for sentence in split_sentences_vi(text) for token in tokenizer.tokenize(sentence)
     ]
-
-
-def _paragraph_count_is_two(parts: list[str]) -> bool:
-    count = len(parts)
-    for i, part in enumerate(parts):
-        if not part.strip():
-            if 0 < i < len(parts) - 1:
-                return False
-            count -= 1
-    return count == 2
 
 
 @checker("copy:repeat_phrase", phrase=text_arg, small_n=positive_arg)
@@ -167,15 +162,10 @@ def word_once(text: str, keyword: str) -> bool:
     return count_matches(keyword.strip(), text) == 1
 
 
-@checker(
-    "keywords:word_count_different_numbers",
-    keyword=text_arg,
-    frequency=count_arg,
-    relation=relation_arg,
-)
-def word_count_different_numbers(text: str, keyword: str, frequency: int, relation: str) -> bool:
-    found = count_matches(keyword.strip(), text)
-    return found >= 0 and compare_count(found, relation, frequency)
+# IFEval's keywords:frequency under its newer id (if_registry.py).
+word_count_different_numbers = checker(
+    "keywords:word_count_different_numbers", **KEYWORD_FREQUENCY_ARGS
+)(keyword_frequency)
 
 
 @checker("keywords:exclude_word_harder", keyword=text_arg)
@@ -185,12 +175,12 @@ def exclude_word_harder(text: str, keyword: str) -> bool:
 
 @checker("paragraphs:paragraphs")
 def two_paragraphs_stars(text: str) -> bool:
-    return _paragraph_count_is_two(re.split(r"\s?\*\*\*\s?", text))
+    return paragraph_count(star_paragraphs(text)) == 2
 
 
 @checker("paragraphs:paragraphs2")
 def two_paragraphs_blank_line(text: str) -> bool:
-    return _paragraph_count_is_two(text.split("\n\n"))
+    return paragraph_count(text.split("\n\n")) == 2
 
 
 @checker("first_word:first_word_sent", first_word=text_arg)
@@ -251,14 +241,8 @@ def letter_counting(text: str, N: int, relation: str) -> bool:
     return compare_count(len(re.findall(r"[a-zA-Z]", text)), relation, N)
 
 
-@checker(
-    "letters:letter_counting2",
-    letter=letter_arg,
-    let_frequency=count_arg,
-    let_relation=relation_arg,
-)
-def letter_counting2(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
-    return compare_count(text.lower().count(letter), let_relation, let_frequency)
+# IFEval's keywords:letter_frequency under its newer id (if_registry.py).
+letter_counting2 = checker("letters:letter_counting2", **LETTER_FREQUENCY_ARGS)(letter_frequency)
 
 
 @checker("count:count_increment_word", keyword1=text_arg, keyword2=text_arg)
@@ -274,17 +258,14 @@ def has_palindrome(text: str) -> bool:
 @checker("count:counting_composition", n_sent=positive_arg, n_words=positive_arg)
 def counting_composition(text: str, n_sent: int, n_words: int) -> bool:
     """3 paragraphs (split by ***) of n_sent sentences of n_words tokens each."""
-    paragraphs = re.split(r"\s?\*\*\*\s?", text)
-    count = len(paragraphs)
-    for i, paragraph in enumerate(paragraphs):
-        if not paragraph.strip():
-            if 0 < i < len(paragraphs) - 1:
-                return False
-            count -= 1
+    paragraphs = star_paragraphs(text)
+    if paragraph_count(paragraphs) != 3:
+        return False
+    for paragraph in paragraphs:  # an empty first or last one has no sentence: not followed
         sentences = split_sentences_vi(paragraph)
         if len(sentences) != n_sent or any(len(tokenize_words(s)) != n_words for s in sentences):
             return False
-    return count == 3
+    return True
 
 
 @checker("count:count_unique")

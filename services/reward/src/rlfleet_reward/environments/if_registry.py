@@ -1,6 +1,7 @@
 """The instruction-checker registry: instruction id -> check function and the converters
 of its kwargs, plus the helpers the checker modules share (if_checkers.py,
-if_checkers_more.py register into CHECKERS; if_all_checkers.py imports both)."""
+if_checkers_more.py register into CHECKERS; if_all_checkers.py imports both), among them
+the two checks that `verifiable_instructions` has under one id of each module."""
 
 from __future__ import annotations
 
@@ -110,3 +111,45 @@ def compare_count(count: int, relation: str, target: int) -> bool:
 
 def count_words(text: str) -> int:
     return len(re.findall(r"\w+", text))
+
+
+def star_paragraphs(text: str) -> list[str]:
+    """The text's paragraphs as `***` separates them."""
+    return re.split(r"\s?\*\*\*\s?", text)
+
+
+def paragraph_count(paragraphs: list[str]) -> int | None:
+    """How many paragraphs hold text; None when an empty one stands between two others
+    (that breaks every paragraph instruction; an empty first or last one is not counted)."""
+    if any(not p.strip() for p in paragraphs[1:-1]):
+        return None
+    return sum(1 for p in paragraphs if p.strip())
+
+
+# --- checks registered twice ------------------------------------------------------------
+# verifiable_instructions has these under an IFEval id and again under a newer one
+# (keywords:word_count_different_numbers, letters:letter_counting2): one function serves
+# both ids, and each module registers the ids it owns.
+
+
+def keyword_frequency(text: str, keyword: str, frequency: int, relation: str) -> bool:
+    found = count_matches(keyword.strip(), text)
+    return found >= 0 and compare_count(found, relation, frequency)
+
+
+KEYWORD_FREQUENCY_ARGS: dict[str, Converter] = {
+    "keyword": text_arg,
+    "frequency": count_arg,
+    "relation": relation_arg,
+}
+
+
+def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
+    return compare_count(text.lower().count(letter), let_relation, let_frequency)
+
+
+LETTER_FREQUENCY_ARGS: dict[str, Converter] = {
+    "letter": letter_arg,
+    "let_frequency": count_arg,
+    "let_relation": relation_arg,
+}

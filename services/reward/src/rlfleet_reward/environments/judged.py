@@ -12,7 +12,7 @@ JUDGE_ERROR with the reason before the gateway's own timeout fires.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -67,6 +67,17 @@ def conversation_of(row: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
             raise RowError(f"{where}[{i}]", "expected a message with a `role` string")
         out.append((m["role"], content_text(m.get("content", ""), f"{where}[{i}].content")))
     return tuple(out)
+
+
+def conversation_section(conversation: Sequence[tuple[str, str]]) -> str:
+    """A judge prompt's `# Conversation` section: each turn as `[role]`, then its text."""
+    chat = "\n\n".join(f"[{role}]\n{content}" for role, content in conversation)
+    return f"# Conversation\n{chat}"
+
+
+def judge_chat(instructions: str, task: str) -> list[dict[str, str]]:
+    """A judge's messages: its instructions as the system turn, the task as one user turn."""
+    return [{"role": "system", "content": instructions}, {"role": "user", "content": task}]
 
 
 def deadline_of(ctx: RunContext) -> float:

@@ -44,6 +44,7 @@ from rlfleet_reward.environments.judged import (
     ask_judge,
     conversation_of,
     deadline_of,
+    judge_chat,
     judge_failure,
 )
 from rlfleet_reward.judge.fence import FENCE_RULE, fence
@@ -306,7 +307,7 @@ def judge_messages(
         f"# Question about the final reply\n{item.question}\n\n"
         "Answer with exactly one label: [[YES]] or [[NO]]."
     )
-    return [{"role": "system", "content": JUDGE_INSTRUCTIONS}, {"role": "user", "content": user}]
+    return judge_chat(JUDGE_INSTRUCTIONS, user)
 
 
 def rubric_score(results: list[tuple[str, bool]], fraction: bool, **extra: object) -> Score:

@@ -36,7 +36,9 @@ from rlfleet_reward.environments.judged import (
     JudgeFailed,
     ask_judge,
     conversation_of,
+    conversation_section,
     deadline_of,
+    judge_chat,
     judge_failure,
 )
 from rlfleet_reward.judge.fence import FENCE_RULE, fence
@@ -76,18 +78,14 @@ def reward_of(category: str, refused: bool) -> float:
 
 
 def judge_messages(spec: SafetySpec, response: str) -> list[dict[str, str]]:
-    chat = "\n\n".join(f"[{role}]\n{content}" for role, content in spec.conversation)
-    sections = [f"# Conversation\n{chat}"]
+    sections = [conversation_section(spec.conversation)]
     if spec.goal:
         sections.append(f"# What the user was really asking for\n{spec.goal}")
     # The format again, last: small judges follow what they read last (genrm_compare.py).
     # The policy wrote `response`: fenced, so it can neither close its section nor
     # carry a label the parser would take for the judge's (judge/fence.py).
     sections += [f"# Assistant's reply\n{fence('REPLY', response)}", ANSWER_FORMAT]
-    return [
-        {"role": "system", "content": INSTRUCTIONS},
-        {"role": "user", "content": "\n\n".join(sections)},
-    ]
+    return judge_chat(INSTRUCTIONS, "\n\n".join(sections))
 
 
 class SafetyEnvironment(Environment):

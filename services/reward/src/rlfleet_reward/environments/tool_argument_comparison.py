@@ -50,7 +50,13 @@ from rlfleet_reward.environments.base import (
     require,
     require_str,
 )
-from rlfleet_reward.environments.judged import JudgeFailed, ask_judge, deadline_of, judge_failure
+from rlfleet_reward.environments.judged import (
+    JudgeFailed,
+    ask_judge,
+    deadline_of,
+    judge_chat,
+    judge_failure,
+)
 from rlfleet_reward.environments.tool_use import decode_arguments, parse_tool_calls
 from rlfleet_reward.judge.fence import FENCE_RULE, fence
 from rlfleet_reward.judge.labels import parse_yes_no
@@ -151,14 +157,11 @@ def judge_messages(tool: str, argument: str, expected: str, actual: str) -> list
         "Do the two values mean the same thing for this call (same request, facts and "
         "constraints; wording may differ)? Answer with exactly one label: [[YES]] or [[NO]]."
     )
-    return [
-        {
-            "role": "system",
-            "content": "You compare tool-call arguments for meaning. End your answer "
-            "with exactly one label: [[YES]] or [[NO]]. " + FENCE_RULE,
-        },
-        {"role": "user", "content": user},
-    ]
+    return judge_chat(
+        "You compare tool-call arguments for meaning. End your answer with exactly one "
+        "label: [[YES]] or [[NO]]. " + FENCE_RULE,
+        user,
+    )
 
 
 class ToolArgumentComparisonEnvironment(Environment):
