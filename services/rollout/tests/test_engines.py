@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,10 +24,15 @@ from rlfleet_core.models import resolve_model
 from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet_rollout.service import SERVICE
-from rlfleet_weights.collective import GroupSpec, WeightGroup, send_weights
-from rlfleet_weights.grpc_stream import iter_weight_chunks
-from rlfleet_weights.plan import specs_of
+from rlfleet_weights.collective import send_weights
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from weight_testlib import (
+    form_gloo_group,
+    gloo_update_request,
+    noisy_weights,
+    pretrained_weights,
+    stream_weights,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
@@ -68,11 +71,7 @@ class Harness:
 
     def new_weights(self, seed: int) -> dict[str, torch.Tensor]:
         """The reference weights plus seeded noise (large enough to change greedy output)."""
-        gen = torch.Generator().manual_seed(seed)
-        base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        return {
-            k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in base.state_dict().items()
-        }
+        return noisy_weights(pretrained_weights(self.model_path), seed)
 
     def set_reference(self, weights: dict[str, torch.Tensor]) -> None:
         self.reference.load_state_dict(weights)
@@ -85,14 +84,9 @@ class Harness:
         return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
 
     async def stream_update(self, version: int, weights: dict[str, torch.Tensor]) -> Any:
-        header = rollout_pb2.UpdateWeightsRequest(weight_version=version)
-        chunks = list(iter_weight_chunks(header, weights, chunk_bytes=256 << 10))
-
-        async def source() -> AsyncIterator[rollout_pb2.WeightChunk]:
-            for c in chunks:
-                yield c
-
-        return await self.stub.StreamWeights(source())
+        return await stream_weights(
+            self.stub, version, weights, timeout_s=120, chunk_bytes=256 << 10
+        )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=ENGINES)
@@ -182,43 +176,13 @@ async def test_stream_weights_update_matches_reference_then_stale_refused(harnes
     assert await harness.version() == version
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_gloo_broadcast_update_matches_reference(harness: Harness) -> None:
-    port = _free_port()
-    box: dict[str, Any] = {}
-
-    def sender_join() -> None:
-        box["group"] = WeightGroup(GroupSpec("127.0.0.1", port, 2, 0, "gloo", 60))
-
-    joiner = threading.Thread(target=sender_join)
-    joiner.start()
-    reply = await harness.stub.InitWeightTransfer(
-        rollout_pb2.InitWeightTransferRequest(
-            transport=rollout_pb2.WEIGHT_TRANSPORT_GLOO,
-            master_address="127.0.0.1",
-            master_port=port,
-            world_size=2,
-            rank_offset=1,
-            timeout_s=60,
-        )
-    )
-    joiner.join()
+    group, reply = await form_gloo_group(harness.stub, group_timeout_s=60, deadline_s=120)
     assert reply.num_workers == 1
-    group: WeightGroup = box["group"]
 
     async def update(version: int, weights: dict[str, torch.Tensor]) -> Any:
-        request = rollout_pb2.UpdateWeightsRequest(
-            weight_version=version,
-            transport=rollout_pb2.WEIGHT_TRANSPORT_GLOO,
-            tensors=specs_of(weights),
-            bucket_bytes=64 << 10,  # several buckets, including a tensor larger than one
-        )
-        call = harness.stub.UpdateWeights(request)
+        # Several buckets, including a tensor larger than one.
+        call = harness.stub.UpdateWeights(gloo_update_request(version, weights, 64 << 10))
         await asyncio.to_thread(send_weights, group, weights, 64 << 10)
         return await call
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 from rollout_scenarios import run_scenario
@@ -61,84 +60,49 @@ def step(name: str, awaitable, timeout_s: float = 120.0):  # type: ignore[no-unt
 
 async def scenario() -> None:
     import grpc
-    import torch
     from grpc import aio
-    from rlfleet_core.client import connect
     from rlfleet_core.models import resolve_model
-    from rlfleet_core.testing import running_service
-    from rlfleet_proto.v1 import rollout_pb2, rollout_pb2_grpc
-    from rlfleet_rollout.service import SERVICE
-    from rlfleet_weights.grpc_stream import iter_weight_chunks
-    from transformers import AutoModelForCausalLM
+    from weight_testlib import (
+        HF_POOL,
+        greedy_samples,
+        noisy_weights,
+        polled_status,
+        pretrained_weights,
+        rollout_stub,
+        stream_weights,
+    )
 
-    overrides = [
-        "engine=hf",
-        "model=tiny",
-        "replicas=2",
-        "ray_num_cpus=2",
-        "ray_start_timeout_s=180",
-        "ray_call_timeout_s=30",
-    ]
-    async with (
-        running_service(SERVICE, overrides) as running,
-        connect(f"127.0.0.1:{running.grpc_port}", default_timeout_s=120) as channel,
-    ):
-        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
-
-        async def generate(i: int) -> list[Any]:
-            request = rollout_pb2.GenerateRequest(
-                request_id=f"r{i}",
-                prompt_token_ids=PROMPT,
-                n=2,
-                sampling=rollout_pb2.SamplingParams(
-                    max_tokens=24, temperature=0.0, ignore_eos=True
-                ),
-            )
-            return [r async for r in stub.Generate(request, timeout=180)]
-
-        batches = await step(
-            "start + first generations", asyncio.gather(*(generate(i) for i in range(8))), 200
+    async with rollout_stub([*HF_POOL, "ray_call_timeout_s=30"]) as stub:
+        results = await step(
+            "start + first generations",
+            greedy_samples(stub, PROMPT, calls=8, max_tokens=24),
+            200,
         )
-        results = [r for batch in batches for r in batch]
         assert len(results) == 16
         by_replica = Counter(r.replica for r in results)
         assert set(by_replica) == {"hf-0", "hf-1"}, by_replica
         # Same weights, greedy: both replicas produce the same tokens.
         assert len({tuple(r.token_ids) for r in results}) == 1
 
-        base = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"), dtype=torch.float32)
-        gen = torch.Generator().manual_seed(5)
-        weights = {
-            k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in base.state_dict().items()
-        }
-        chunks = list(
-            iter_weight_chunks(rollout_pb2.UpdateWeightsRequest(weight_version=1), weights)
-        )
-
-        async def source():  # type: ignore[no-untyped-def]
-            for c in chunks:
-                yield c
-
-        reply = await step("stream weights", stub.StreamWeights(source(), timeout=60))
+        weights = noisy_weights(pretrained_weights(resolve_model("tiny")), seed=5)
+        reply = await step("stream weights", stream_weights(stub, 1, weights, timeout_s=60))
         assert reply.weight_version == 1
-        batches = await step(
-            "generations after update", asyncio.gather(*(generate(10 + i) for i in range(4)))
+        after = await step(
+            "generations after update", greedy_samples(stub, PROMPT, calls=4, max_tokens=24)
         )
-        after = [r for batch in batches for r in batch]
         assert {r.replica for r in after} == {"hf-0", "hf-1"}
         assert all(r.weight_version_first == r.weight_version_last == 1 for r in after)
         assert len({tuple(r.token_ids) for r in after}) == 1
         assert after[0].token_ids != results[0].token_ids
 
         with pytest.raises(aio.AioRpcError) as info:
-            await stub.StreamWeights(source(), timeout=60)
+            await stream_weights(stub, 1, weights, timeout_s=60)
         refused = info.value
         assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION, (
             refused.code(),
             refused.details(),
         )
-        await asyncio.sleep(0.6)  # one status poll
-        status = await stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=30)
+        status = await polled_status(stub)
         assert status.num_replicas == 2
         assert status.weight_version == 1
         assert status.tokens_generated >= 24 * 24

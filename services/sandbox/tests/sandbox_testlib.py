@@ -8,7 +8,8 @@ import asyncio
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,12 @@ class ClientKeyInterceptor(aio.UnaryUnaryClientInterceptor):
     ) -> Any:
         metadata = aio.Metadata(*(client_call_details.metadata or ()), self._entry)
         return await continuation(client_call_details._replace(metadata=metadata), request)
+
+
+def attempted(result: sandbox_pb2.ExecuteResult) -> None:
+    """A hostile program ran up to its attack: it prints ATTEMPT before trying, so that a
+    program that died of a typo first does not pass for a contained attack."""
+    assert "ATTEMPT" in result.stdout, (result.stdout, result.stderr)
 
 
 def sandbox_processes(uid: int = TEST_UID) -> list[tuple[int, str]]:
@@ -128,6 +135,12 @@ class Harness:
         result: sandbox_pb2.ExecuteResult = await self.stub.Execute(request, timeout=60)
         return result
 
+    async def attack(self, code: str, **run: Any) -> sandbox_pb2.ExecuteResult:
+        """`run` a hostile program, checking that it got as far as its attack."""
+        result = await self.run(code, **run)
+        attempted(result)
+        return result
+
     async def assert_healthy(self) -> None:
         """The service still runs programs and says it is healthy."""
         result = await self.run("print(6 * 7)")
@@ -161,3 +174,14 @@ async def stop_harness(harness: Harness) -> None:
     await harness.http.aclose()
     harness.running.stop_event.set()
     await asyncio.wait_for(harness.running.done, 30)
+
+
+@asynccontextmanager
+async def serving(config: SandboxServiceConfig) -> AsyncIterator[Harness]:
+    """A service of the test's own, with `config` (the `sandbox` fixture's is
+    `make_config()`); stopped on exit."""
+    harness = await start_harness(config)
+    try:
+        yield harness
+    finally:
+        await stop_harness(harness)

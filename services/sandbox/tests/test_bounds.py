@@ -11,7 +11,7 @@ import grpc
 import pytest
 from rlfleet_proto.v1 import sandbox_pb2
 from rlfleet_sandbox.config import LimitsConfig, PoolConfig
-from sandbox_testlib import Harness, make_config, start_harness, stop_harness
+from sandbox_testlib import Harness, make_config, serving
 
 
 async def test_nan_timeout_is_refused_on_both_faces(sandbox: Harness) -> None:
@@ -58,8 +58,7 @@ async def test_bad_json_and_bad_fields(sandbox: Harness) -> None:
 
 
 async def test_body_size_limit_holds_with_and_without_content_length() -> None:
-    harness = await start_harness(make_config(http={"max_body_bytes": 64 << 10}))
-    try:
+    async with serving(make_config(http={"max_body_bytes": 64 << 10})) as harness:
         big = {"generated_code": "#" * (100 << 10) + "\nprint(1)", "language": "python3"}
         declared = await harness.http.post("/execute", json=big)
         assert declared.status_code == 413, declared.text
@@ -77,21 +76,18 @@ async def test_body_size_limit_holds_with_and_without_content_length() -> None:
         assert chunked.status_code == 413, chunked.text
         small = {"generated_code": "#" * (32 << 10) + "\nprint(1)", "language": "python3"}
         assert (await harness.http.post("/execute", json=small)).json()["stdout"] == "1\n"
-    finally:
-        await stop_harness(harness)
 
 
 async def test_http_calls_end_within_the_server_deadline() -> None:
     """With the only sandbox busy, a second call would wait for it; the server-side
     deadline ends it with 504 instead, and the service keeps serving."""
-    harness = await start_harness(
+    async with serving(
         make_config(
             pool=PoolConfig(size=1, kill_grace_s=0.5),
             limits=LimitsConfig(timeout_s=1.0),
             http={"deadline_s": 2.0},
         )
-    )
-    try:
+    ) as harness:
         busy = asyncio.create_task(harness.run("import time; time.sleep(30)", timeout_s=5))
         while (await harness.http.get("/health")).json()["pool_idle"] != 0:
             await asyncio.sleep(0.05)  # until the busy run holds the only sandbox
@@ -105,5 +101,3 @@ async def test_http_calls_end_within_the_server_deadline() -> None:
             "/execute", json={"generated_code": "print(2)", "language": "python3"}
         )
         assert after.json()["stdout"] == "2\n"
-    finally:
-        await stop_harness(harness)

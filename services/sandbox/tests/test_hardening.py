@@ -10,16 +10,12 @@ import platform
 import pytest
 from rlfleet_proto.v1 import sandbox_pb2
 from rlfleet_sandbox.config import PoolConfig
-from sandbox_testlib import Harness, make_config, sandbox_processes, start_harness, stop_harness
+from sandbox_testlib import Harness, make_config, sandbox_processes, serving
 
 OK = sandbox_pb2.EXEC_STATUS_OK
 TIMEOUT = sandbox_pb2.EXEC_STATUS_TIMEOUT
 X86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 syscall numbers")
 SESSION_RESET = "the session's interpreter was stopped"
-
-
-def attempted(result: sandbox_pb2.ExecuteResult) -> None:
-    assert "ATTEMPT" in result.stdout, (result.stdout, result.stderr)
 
 
 @X86_64
@@ -47,8 +43,7 @@ async def test_dangerous_syscalls_are_denied_by_seccomp(sandbox: Harness) -> Non
         )
         + "print([l for l in open('/proc/self/status') if l.startswith('Seccomp:')])\n"
     )
-    result = await sandbox.run(code)
-    attempted(result)
+    result = await sandbox.attack(code)
     outcomes = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[1:-1]}
     assert outcomes == {name: ["-1", "1"] for name in calls}, result.stdout  # EPERM
     assert "Seccomp:\\t2" in result.stdout
@@ -69,8 +64,7 @@ async def test_tmpfs_inodes_are_bounded(sandbox: Harness) -> None:
         "    else:\n"
         "        print(place, n, 'ESCAPED')\n"
     )
-    result = await sandbox.run(code, timeout_s=60)
-    attempted(result)
+    result = await sandbox.attack(code, timeout_s=60)
     lines = [line.split() for line in result.stdout.splitlines()[1:]]
     assert [line[0] for line in lines] == ["/tmp/work", "/dev/shm"], result.stdout
     for _place, count, error in lines:
@@ -82,8 +76,7 @@ async def test_tmpfs_inodes_are_bounded(sandbox: Harness) -> None:
 
 
 async def test_signals_to_the_runner_do_not_kill_it() -> None:
-    harness = await start_harness(make_config(pool=PoolConfig(size=1, kill_grace_s=1.0)))
-    try:
+    async with serving(make_config(pool=PoolConfig(size=1, kill_grace_s=1.0))) as harness:
         code = (
             "import os, signal, time\nprint('ATTEMPT', flush=True)\n"
             "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,"
@@ -92,15 +85,12 @@ async def test_signals_to_the_runner_do_not_kill_it() -> None:
             "time.sleep(0.3)\nprint('ALIVE')\n"
         )
         for _ in range(2):
-            result = await harness.run(code)
-            attempted(result)
+            result = await harness.attack(code)
             assert result.status == OK and "ALIVE" in result.stdout, result
         # The program's own Ctrl-C still behaves as in `python -c`.
         own = await harness.run("import os, signal\nos.kill(os.getpid(), signal.SIGINT)")
         assert "KeyboardInterrupt" in own.stderr
         await harness.assert_healthy()
-    finally:
-        await stop_harness(harness)
 
 
 async def test_a_very_deep_tree_is_cleaned_up(sandbox: Harness) -> None:
@@ -111,8 +101,7 @@ async def test_a_very_deep_tree_is_cleaned_up(sandbox: Harness) -> None:
         "open('leaf', 'w').write('x')\nos.chmod('.', 0)\n"
     )
     for _ in range(2):  # both pooled sandboxes, or one twice
-        result = await sandbox.run(code)
-        attempted(result)
+        result = await sandbox.attack(code)
         assert result.status == OK, result
         await sandbox.assert_healthy()
     clean = await sandbox.run("import os\nprint(os.listdir('/tmp/work'), os.listdir('/tmp'))")
@@ -127,8 +116,7 @@ async def test_a_program_cannot_forge_the_runners_notes(sandbox: Harness) -> Non
         "        try: os.write(int(name), b'memory')\n"
         "        except OSError: pass\n"
     )
-    result = await sandbox.run(code)
-    attempted(result)
+    result = await sandbox.attack(code)
     assert result.status == OK, result
 
 
@@ -143,8 +131,7 @@ async def test_session_cell_processes_die_with_the_cell(sandbox: Harness) -> Non
         "    while True: pass\n"
         "kept = 'state'\n"
     )
-    result = await sandbox.run(cell, session_id=sid)
-    attempted(result)
+    result = await sandbox.attack(cell, session_id=sid)
     assert result.status == OK, result
     await asyncio.sleep(0.2)
     assert not [p for p in sandbox_processes() if "sleep" in p[1]]
@@ -170,8 +157,7 @@ async def test_session_cell_cpu_limit_holds(sandbox: Harness) -> None:
             "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nprint('ATTEMPT', flush=True)\n"
             + spinner
         )
-        result = await sandbox.run(code, session_id=sid, timeout_s=60, cpu_time_s=1)
-        attempted(result)
+        result = await sandbox.attack(code, session_id=sid, timeout_s=60, cpu_time_s=1)
         assert result.status == TIMEOUT, result
         assert SESSION_RESET in result.stderr  # stopped by the CPU watchdog, not the clock
         assert result.cpu_time_s >= 1, result

@@ -16,8 +16,7 @@ from sandbox_testlib import (
     client_stub,
     make_config,
     new_client_key,
-    start_harness,
-    stop_harness,
+    serving,
 )
 
 OK = sandbox_pb2.EXEC_STATUS_OK
@@ -61,8 +60,7 @@ async def test_http_session_is_invisible_to_another_client(sandbox: Harness) -> 
         return {"generated_code": code, "language": "ipython", "session_id": "rollout-1"}
 
     assert (await sandbox.http.post("/execute", json=call("secret = 42"))).status_code == 200
-    other = client_http(sandbox.running, new_client_key())
-    try:
+    async with client_http(sandbox.running, new_client_key()) as other:
         assert (await other.get("/sessions")).json() == {"sessions": []}
         assert (await other.delete("/sessions/rollout-1")).status_code == 404
         # The same name from another client is that client's own, fresh session.
@@ -71,18 +69,13 @@ async def test_http_session_is_invisible_to_another_client(sandbox: Harness) -> 
         listed = (await other.get("/sessions")).json()["sessions"]
         assert [s["session_id"] for s in listed] == ["rollout-1"]
         assert (await other.delete("/sessions/rollout-1")).status_code == 200
-    finally:
-        await other.aclose()
-    keyless = client_http(sandbox.running, None)
-    try:
+    async with client_http(sandbox.running, None) as keyless:
         # The same name without a key is a keyless session, never the keyed one.
         stateful = (await keyless.post("/execute", json=call("print(secret)"))).json()
         assert "NameError" in stateful["stderr"] and stateful["new_session_created"] is True
         assert (await keyless.delete("/sessions/rollout-1")).status_code == 200  # its own
         oneshot = await keyless.post("/execute", json={"generated_code": "print(1)"})
         assert oneshot.json()["stdout"] == "1\n"
-    finally:
-        await keyless.aclose()
     mine = (await sandbox.http.post("/execute", json=call("print(secret)"))).json()
     assert mine["stdout"] == "42\n"
     assert [s["session_id"] for s in (await sandbox.http.get("/sessions")).json()["sessions"]] == [
@@ -91,12 +84,12 @@ async def test_http_session_is_invisible_to_another_client(sandbox: Harness) -> 
 
 
 async def test_per_client_and_global_session_quotas() -> None:
-    harness = await start_harness(
-        make_config(sessions={"max_sessions": 3, "max_sessions_per_client": 2})
-    )
-    second = client_stub(harness.running, new_client_key())
-    third_http = client_http(harness.running, new_client_key())
-    try:
+    config = make_config(sessions={"max_sessions": 3, "max_sessions_per_client": 2})
+    async with (
+        serving(config) as harness,
+        client_http(harness.running, new_client_key()) as third_http,
+    ):
+        second = client_stub(harness.running, new_client_key())
         for _ in range(2):
             await harness.stub.CreateSession(sandbox_pb2.CreateSessionRequest())
         with pytest.raises(grpc.aio.AioRpcError) as greedy:
@@ -111,17 +104,11 @@ async def test_per_client_and_global_session_quotas() -> None:
         )
         assert full.status_code == 429 and "sessions.max_sessions" in full.json()["detail"]
         # Per client over HTTP too.
-        mine = client_http(harness.running, harness.client_key)
-        try:
+        async with client_http(harness.running, harness.client_key) as mine:
             over = await mine.post(
                 "/execute", json={"generated_code": "1", "language": "ipython", "session_id": "y"}
             )
             assert over.status_code == 429 and "max_sessions_per_client" in over.json()["detail"]
-        finally:
-            await mine.aclose()
-    finally:
-        await third_http.aclose()
-        await stop_harness(harness)
 
 
 NEMO_SKILLS_FIELDS = {
@@ -142,10 +129,11 @@ async def test_keyless_nemo_skills_session_works_by_default_in_its_own_namespace
     between calls with the default config; keyed clients and keyless callers without the
     id cannot reach it, and keyless ids are never listed."""
     sid = str(uuid.uuid4())
-    keyless = client_http(sandbox.running, None)
-    other_keyless = client_http(sandbox.running, None)
-    keyed = client_http(sandbox.running, new_client_key())
-    try:
+    async with (
+        client_http(sandbox.running, None) as keyless,
+        client_http(sandbox.running, None) as other_keyless,
+        client_http(sandbox.running, new_client_key()) as keyed,
+    ):
 
         async def execute(client: Any, code: str, session: str, in_body: bool = False) -> Any:
             body = {"generated_code": code, **NEMO_SKILLS_FIELDS}
@@ -179,17 +167,11 @@ async def test_keyless_nemo_skills_session_works_by_default_in_its_own_namespace
         assert (await keyless.delete(f"/sessions/{sid}")).status_code == 404
         # The keyed client's session of that name is untouched by the keyless delete.
         assert (await keyed.delete(f"/sessions/{sid}")).status_code == 200
-    finally:
-        for client in (keyless, other_keyless, keyed):
-            await client.aclose()
 
 
 async def test_keyless_quota_and_opt_out() -> None:
-    harness = await start_harness(
-        make_config(sessions={"max_keyless_sessions": 1, "max_sessions_per_client": 1})
-    )
-    keyless = client_http(harness.running, None)
-    try:
+    config = make_config(sessions={"max_keyless_sessions": 1, "max_sessions_per_client": 1})
+    async with serving(config) as harness, client_http(harness.running, None) as keyless:
         body = {"generated_code": "1", "language": "ipython"}
         ok = await keyless.post("/execute", json=body, headers={"X-Session-ID": "a" * 8})
         assert ok.status_code == 200
@@ -198,28 +180,18 @@ async def test_keyless_quota_and_opt_out() -> None:
         # Keyed clients have their own quota beside it.
         mine = await harness.http.post("/execute", json=body, headers={"X-Session-ID": "c"})
         assert mine.status_code == 200
-    finally:
-        await keyless.aclose()
-        await stop_harness(harness)
-    strict = await start_harness(make_config(sessions={"allow_keyless": False}))
-    keyless = client_http(strict.running, None)
-    try:
+    strict_config = make_config(sessions={"allow_keyless": False})
+    async with serving(strict_config) as strict, client_http(strict.running, None) as keyless:
         refused = await keyless.post(
             "/execute", json={"generated_code": "1", "language": "ipython", "session_id": "s"}
         )
         assert refused.status_code == 400 and "x-rlfleet-client-key" in refused.json()["detail"]
         listing = await keyless.get("/sessions")
         assert listing.status_code == 400
-    finally:
-        await keyless.aclose()
-        await stop_harness(strict)
 
 
 async def test_bad_client_key_is_refused_naming_the_header(sandbox: Harness) -> None:
-    weak = client_http(sandbox.running, "short")
-    try:
+    async with client_http(sandbox.running, "short") as weak:
         response = await weak.get("/sessions")
         assert response.status_code == 400
         assert response.json()["detail"].startswith("x-rlfleet-client-key: use 16-256")
-    finally:
-        await weak.aclose()

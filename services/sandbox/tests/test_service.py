@@ -21,8 +21,7 @@ from sandbox_testlib import (
     Harness,
     make_config,
     sandbox_processes,
-    start_harness,
-    stop_harness,
+    serving,
     wait_no_sandbox_processes,
 )
 
@@ -211,24 +210,20 @@ async def test_sessions_are_capped_and_expire_when_idle() -> None:
     # Two harnesses: with one short idle timeout for both checks, a loaded machine (a CI run
     # with a busy loop per core) took longer than it to create the two sessions, the first
     # expired, and the third was not refused.
-    capped = await start_harness(
+    async with serving(
         make_config(sessions=SessionsConfig(max_sessions=2, idle_timeout_s=600))
-    )
-    try:
+    ) as capped:
         for _ in range(2):
             await capped.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await capped.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_sessions" in (info.value.details() or "")
-    finally:
-        await stop_harness(capped)
-    harness = await start_harness(
+    async with serving(
         make_config(
             sessions=SessionsConfig(max_sessions=2, idle_timeout_s=0.5, reap_interval_s=0.1)
         )
-    )
-    try:
+    ) as harness:
         ids = [
             (
                 await harness.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
@@ -241,8 +236,6 @@ async def test_sessions_are_capped_and_expire_when_idle() -> None:
                 await harness.run("1", session_id=sid)
             assert info.value.code() == grpc.StatusCode.NOT_FOUND
         await harness.stub.CreateSession(sandbox_pb2.CreateSessionRequest(), timeout=10)
-    finally:
-        await stop_harness(harness)
     assert not await asyncio.to_thread(wait_no_sandbox_processes)
 
 
@@ -252,15 +245,12 @@ async def test_concurrent_runs_beyond_pool_size_all_finish(sandbox: Harness) -> 
 
 
 async def test_use_once_pool_replaces_each_sandbox() -> None:
-    harness = await start_harness(make_config(pool=PoolConfig(size=1, max_runs_per_sandbox=1)))
-    try:
+    async with serving(make_config(pool=PoolConfig(size=1, max_runs_per_sandbox=1))) as harness:
         pids = [(await harness.run("import os; print(os.getpid())")).stdout for _ in range(3)]
         assert all(p for p in pids)
         first = await harness.run("import os; open('mark', 'w').write('x'); print(os.listdir('.'))")
         second = await harness.run("import os; print(os.listdir('.'))")
         assert first.stdout == "['mark']\n" and second.stdout == "[]\n"
-    finally:
-        await stop_harness(harness)
     assert not await asyncio.to_thread(wait_no_sandbox_processes)
 
 

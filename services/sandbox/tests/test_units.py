@@ -15,15 +15,9 @@ from rlfleet_sandbox.types import RunFacts, Status, check_file_path, classify, r
 
 
 def test_bwrap_command_is_exact() -> None:
+    prefix = ["setpriv", "--reuid=1234", "--regid=1234", "--clear-groups", "--inh-caps=-all", "--"]
     cmd = build_bwrap_command(
-        prefix=[
-            "setpriv",
-            "--reuid=1234",
-            "--regid=1234",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--",
-        ],
+        prefix=prefix,
         bwrap="/usr/bin/bwrap",
         host_paths=[HostPath("/usr"), HostPath("/lib", "usr/lib"), HostPath("/opt/py")],
         tmpfs_bytes=1 << 20,
@@ -31,12 +25,7 @@ def test_bwrap_command_is_exact() -> None:
         argv=["/usr/bin/python3", "-I", "-c", "pass"],
     )
     assert cmd == [
-        "setpriv",
-        "--reuid=1234",
-        "--regid=1234",
-        "--clear-groups",
-        "--inh-caps=-all",
-        "--",
+        *prefix,  # first, as given
         "/usr/bin/bwrap",
         "--unshare-user",
         "--unshare-pid",

@@ -10,16 +10,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from rlfleet_core.client import connect
-from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import swe_pb2_grpc
 from rlfleet_swe.images import Built
-from rlfleet_swe.service import SERVICE
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from support import require_docker, swe_instance_images  # tests/support.py (pythonpath)
-from swe_testlib import SMALL, labelled
+from swe_testlib import runner_overrides, swe_stub
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +31,15 @@ def runner_label() -> str:
 
 
 @pytest.fixture
+def service_overrides() -> list[str]:
+    """Settings of the `stub` fixture's service beside `runner_overrides` (a test module
+    that needs others overrides this fixture)."""
+    return []
+
+
+@pytest.fixture
 async def stub(
-    images: list[Built], runner_label: str
+    images: list[Built], runner_label: str, service_overrides: list[str]
 ) -> AsyncIterator[swe_pb2_grpc.SweRunnerServiceStub]:
-    async with (
-        running_service(SERVICE, [*SMALL, f"eval.runner_label={runner_label}"]) as running,
-        connect(f"127.0.0.1:{running.grpc_port}") as channel,
-    ):
-        yield swe_pb2_grpc.SweRunnerServiceStub(channel)
-    assert labelled(runner_label) == [], "containers left behind"
+    async with swe_stub(runner_overrides(runner_label, *service_overrides), runner_label) as stub:
+        yield stub

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
-from rlfleet_proto.v1 import swe_pb2
+from rlfleet_core.client import connect
+from rlfleet_core.testing import running_service
+from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
 from rlfleet_swe.images import bundled_instances_dir
 from rlfleet_swe.instances import SweInstance, load_instances
+from rlfleet_swe.service import SERVICE
 
 SMALL = [
     "eval.test_timeout_s=120",
@@ -17,6 +22,25 @@ SMALL = [
     "eval.pids_limit=64",
     "eval.docker_call_timeout_s=30",
 ]
+
+
+def runner_overrides(runner_label: str, *more: str) -> list[str]:
+    """The SMALL limits, the test's own runner label (its containers' label), and `more`."""
+    return [*SMALL, f"eval.runner_label={runner_label}", *more]
+
+
+@asynccontextmanager
+async def swe_stub(
+    overrides: list[str], runner_label: str
+) -> AsyncIterator[swe_pb2_grpc.SweRunnerServiceStub]:
+    """The service started with `overrides`, and a stub on it; once it stopped, no
+    container labelled `runner_label` may be left."""
+    async with (
+        running_service(SERVICE, overrides) as running,
+        connect(f"127.0.0.1:{running.grpc_port}") as channel,
+    ):
+        yield swe_pb2_grpc.SweRunnerServiceStub(channel)
+    assert labelled(runner_label) == [], "containers left behind"
 
 
 def instances() -> list[SweInstance]:

@@ -11,14 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc import aio
-from rlfleet_core.client import connect
-from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
 from rlfleet_swe.backends import ApptainerBackend, Limits
 from rlfleet_swe.config import EvalConfig
 from rlfleet_swe.images import Built
-from rlfleet_swe.service import SERVICE
-from swe_testlib import SMALL, instances, labelled, request_for
+from swe_testlib import SMALL, instances, labelled, request_for, swe_stub
 
 FAKE = Path(__file__).resolve().parent / "fake_apptainer.py"
 INSTANCES = {i.instance_id: i for i in instances()}
@@ -45,12 +42,8 @@ async def apptainer_stub(
     monkeypatch.setenv("FAKE_APPTAINER_LABEL", runner_label)
     overrides = [*SMALL, "eval.backend=apptainer", f"eval.apptainer={FAKE}",
                  "eval.kill_grace_s=20"]  # fmt: skip
-    async with (
-        running_service(SERVICE, overrides) as running,
-        connect(f"127.0.0.1:{running.grpc_port}") as channel,
-    ):
-        yield swe_pb2_grpc.SweRunnerServiceStub(channel)
-    assert labelled(runner_label) == [], "containers left behind"
+    async with swe_stub(overrides, runner_label) as stub:
+        yield stub
 
 
 def sif_for(tmp_path: Path, image: str) -> str:

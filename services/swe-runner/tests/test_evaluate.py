@@ -18,7 +18,15 @@ from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
 from rlfleet_swe.backends import process_owner
 from rlfleet_swe.service import SERVICE
-from swe_testlib import SMALL, diff_of, host_checkout, instances, labelled, request_for
+from swe_testlib import (
+    diff_of,
+    host_checkout,
+    instances,
+    labelled,
+    request_for,
+    runner_overrides,
+    swe_stub,
+)
 
 INSTANCES = {instance.instance_id: instance for instance in instances()}
 # For each instance, an edit (on top of the gold fix) that breaks a PASS_TO_PASS test.
@@ -132,20 +140,19 @@ async def test_stale_containers_are_removed_at_start(images: object, runner_labe
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     assert len(labelled(runner_label)) == 1
-    async with running_service(SERVICE, [*SMALL, f"eval.runner_label={runner_label}"]):
+    async with running_service(SERVICE, runner_overrides(runner_label)):
         assert labelled(runner_label) == []
 
 
+def one_at_a_time(runner_label: str) -> list[str]:
+    """One evaluation at a time, one more queued behind it."""
+    return runner_overrides(runner_label, "eval.max_concurrent=1", "eval.max_queued=1")
+
+
 async def test_full_queue_is_resource_exhausted(images: object, runner_label: str) -> None:
-    overrides = [*SMALL, f"eval.runner_label={runner_label}", "eval.max_concurrent=1",
-                 "eval.max_queued=1"]  # fmt: skip
     instance = INSTANCES["rlfleet__tinystats-1"]
     slow = request_for(instance, "", test_command="sleep 600", timeout_s=8)
-    async with (
-        running_service(SERVICE, overrides) as running,
-        connect(f"127.0.0.1:{running.grpc_port}") as channel,
-    ):
-        stub = swe_pb2_grpc.SweRunnerServiceStub(channel)
+    async with swe_stub(one_at_a_time(runner_label), runner_label) as stub:
 
         async def call() -> swe_pb2.EvaluateResult:
             return await stub.Evaluate(slow, timeout=60)
@@ -160,12 +167,11 @@ async def test_full_queue_is_resource_exhausted(images: object, runner_label: st
         assert "eval.max_queued" in (info.value.details() or "")
         results = await asyncio.gather(first, second)
         assert [r.status for r in results] == [swe_pb2.EVAL_STATUS_TIMEOUT] * 2
-    assert labelled(runner_label) == []
 
 
 async def test_health_is_serving(images: object, runner_label: str) -> None:
     async with (
-        running_service(SERVICE, [*SMALL, f"eval.runner_label={runner_label}"]) as running,
+        running_service(SERVICE, runner_overrides(runner_label)) as running,
         connect(f"127.0.0.1:{running.grpc_port}") as channel,
     ):
         reply = await health_pb2_grpc.HealthStub(channel).Check(
@@ -177,15 +183,9 @@ async def test_health_is_serving(images: object, runner_label: str) -> None:
 async def test_a_queued_call_past_its_deadline_leaves_the_queue(
     images: object, runner_label: str
 ) -> None:
-    overrides = [*SMALL, f"eval.runner_label={runner_label}", "eval.max_concurrent=1",
-                 "eval.max_queued=1"]  # fmt: skip
     instance = INSTANCES["rlfleet__tinystats-1"]
     slow = request_for(instance, "", test_command="sleep 600", timeout_s=6)
-    async with (
-        running_service(SERVICE, overrides) as running,
-        connect(f"127.0.0.1:{running.grpc_port}") as channel,
-    ):
-        stub = swe_pb2_grpc.SweRunnerServiceStub(channel)
+    async with swe_stub(one_at_a_time(runner_label), runner_label) as stub:
 
         async def call(deadline: float) -> swe_pb2.EvaluateResult:
             return await stub.Evaluate(slow, timeout=deadline)
@@ -199,11 +199,10 @@ async def test_a_queued_call_past_its_deadline_leaves_the_queue(
         second = asyncio.create_task(call(60))  # the queue has room again
         results = await asyncio.gather(first, second)
         assert [r.status for r in results] == [swe_pb2.EVAL_STATUS_TIMEOUT] * 2
-    assert labelled(runner_label) == []
 
 
 async def test_without_a_docker_cli_the_service_serves_and_says_so(runner_label: str) -> None:
-    overrides = [*SMALL, "eval.docker=/nonexistent/docker", f"eval.runner_label={runner_label}"]
+    overrides = runner_overrides(runner_label, "eval.docker=/nonexistent/docker")
     instance = INSTANCES["rlfleet__tinystats-1"]
     async with (
         running_service(SERVICE, overrides) as running,

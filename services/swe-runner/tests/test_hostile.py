@@ -31,9 +31,16 @@ def hostile(tmp_path: Path, attack: str) -> str:
     return diff_of(host_checkout(INSTANCE, tmp_path), {"tinystats/core.py": (BUGGY, body)})
 
 
-async def evaluate(stub: swe_pb2_grpc.SweRunnerServiceStub, patch: str) -> swe_pb2.EvaluateResult:
+async def unresolved(stub: swe_pb2_grpc.SweRunnerServiceStub, patch: str) -> swe_pb2.EvaluateResult:
+    """Evaluate `patch`, which must not resolve the instance."""
     result = await stub.Evaluate(request_for(INSTANCE, patch, timeout_s=60), timeout=120)
     assert not result.resolved, result.log_tail
+    return result
+
+
+async def evaluate(stub: swe_pb2_grpc.SweRunnerServiceStub, patch: str) -> swe_pb2.EvaluateResult:
+    """`unresolved`, and when the tests ran, the instance's failing tests still fail."""
+    result = await unresolved(stub, patch)
     if result.status == swe_pb2.EVAL_STATUS_COMPLETED:
         # The patched code ran, and its contained attack made it answer wrongly.
         outcomes = {t.name: t.outcome for t in result.tests}
@@ -159,9 +166,7 @@ async def test_memory_hog_is_capped(
         "        blocks.append(bytearray(1 << 20))\n"
         "    worked = True\n"
     )
-    result = await stub.Evaluate(request_for(INSTANCE, hostile(tmp_path, attack), timeout_s=60),
-                                 timeout=120)  # fmt: skip
-    assert not result.resolved, result.log_tail
+    result = await unresolved(stub, hostile(tmp_path, attack))
     assert result.status in (swe_pb2.EVAL_STATUS_COMPLETED, swe_pb2.EVAL_STATUS_INFRA_ERROR)
 
 
@@ -189,9 +194,7 @@ async def test_forged_test_output_does_not_resolve(
         "            pass\n"
         "    os._exit(0)\n"
     )
-    result = await stub.Evaluate(request_for(INSTANCE, hostile(tmp_path, attack), timeout_s=60),
-                                 timeout=120)  # fmt: skip
-    assert not result.resolved, result.log_tail
+    result = await unresolved(stub, hostile(tmp_path, attack))
     outcomes = {t.name: t.outcome for t in result.tests if t.required}
     assert swe_pb2.TEST_OUTCOME_PASSED not in set(outcomes.values()), outcomes
 
@@ -213,7 +216,6 @@ async def test_patches_to_test_machinery_are_refused(
         ["git", "diff"], cwd=repo, check=True, capture_output=True, text=True
     ).stdout
     assert "conftest.py" in patch
-    result = await stub.Evaluate(request_for(INSTANCE, patch, timeout_s=60), timeout=120)
-    assert not result.resolved
+    result = await unresolved(stub, patch)
     assert result.status == swe_pb2.EVAL_STATUS_PATCH_FAILED, result.log_tail
     assert "conftest.py" in result.error and "test" in result.error

@@ -13,35 +13,26 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc import aio
-from rlfleet_core.client import connect
 from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
 from rlfleet_swe.backends import INSTANCE_LABEL, OWNER_LABEL, RUNNER_LABEL, process_owner
 from rlfleet_swe.images import Built
 from rlfleet_swe.service import SERVICE
-from swe_testlib import SMALL, diff_of, host_checkout, labelled, request_for
+from swe_testlib import diff_of, host_checkout, labelled, request_for, runner_overrides
 from test_sessions import INSTANCE, KEY, SESSIONS, open_session, tool
 
 DISK = ["eval.disk_bytes=16777216", "eval.disk_check_interval_s=0.5"]
 
 
 @pytest.fixture
-async def stub(
-    images: list[Built], runner_label: str
-) -> AsyncIterator[swe_pb2_grpc.SweRunnerServiceStub]:
-    overrides = [*SMALL, *SESSIONS, *DISK, f"eval.runner_label={runner_label}"]
-    async with (
-        running_service(SERVICE, overrides) as running,
-        connect(f"127.0.0.1:{running.grpc_port}") as channel,
-    ):
-        yield swe_pb2_grpc.SweRunnerServiceStub(channel)
-    assert labelled(runner_label) == [], "containers left behind"
+def service_overrides() -> list[str]:
+    """conftest's `stub` service with test_sessions' session limits and a small disk cap."""
+    return [*SESSIONS, *DISK]
 
 
 async def bash(
@@ -61,7 +52,7 @@ async def test_a_second_runner_keeps_the_first_ones_sessions(
     """Same runner label (as every runner of a deployment has): starting the second used
     to remove the first's session container."""
     session = await open_session(stub)
-    async with running_service(SERVICE, [*SMALL, f"eval.runner_label={runner_label}"]):
+    async with running_service(SERVICE, runner_overrides(runner_label)):
         assert len(labelled(runner_label)) == 1
         after = await bash(stub, session, "echo still here")
         assert after.output.strip() == "still here" and after.exit_code == 0
@@ -88,7 +79,7 @@ async def test_only_a_gone_runners_leftovers_are_removed_at_start(
     alive = _leftover({**group, OWNER_LABEL: process_owner()})
     elsewhere = _leftover({**group, OWNER_LABEL: f"other-host/{boot}/1/1"})
     try:
-        async with running_service(SERVICE, [*SMALL, f"eval.runner_label={runner_label}"]):
+        async with running_service(SERVICE, runner_overrides(runner_label)):
             left = {c[:12] for c in labelled(runner_label)}
             assert crashed not in left and {alive, elsewhere} <= left
     finally:
@@ -183,7 +174,7 @@ async def test_an_old_leftover_of_a_runner_elsewhere_is_removed_at_start(
     elsewhere = _leftover({**group, OWNER_LABEL: f"other-host/{boot}/1/1"})
     alive = _leftover({**group, OWNER_LABEL: process_owner()})
     await asyncio.sleep(2.0)  # older than the 1 s cap below, whatever the load
-    overrides = [*SMALL, f"eval.runner_label={runner_label}", "eval.foreign_reap_after_s=1"]
+    overrides = runner_overrides(runner_label, "eval.foreign_reap_after_s=1")
     try:
         async with running_service(SERVICE, overrides):
             left = {c[:12] for c in labelled(runner_label)}

@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from grpc import aio
-from rlfleet_core.client import connect
-from rlfleet_core.testing import running_service
 from rlfleet_proto.v1 import swe_pb2, swe_pb2_grpc
-from rlfleet_swe.images import Built
-from rlfleet_swe.service import SERVICE
-from swe_testlib import SMALL, instances, labelled, request_for
+from swe_testlib import instances, labelled, request_for
 
 INSTANCE = {i.instance_id: i for i in instances()}["rlfleet__tinystats-1"]
 KEY = (("x-rlfleet-client-key", "k" * 8 + secrets.token_hex(8)),)
@@ -27,16 +22,9 @@ SESSIONS = ["sessions.max_sessions=3", "sessions.max_sessions_per_client=2", "se
 
 
 @pytest.fixture
-async def stub(
-    images: list[Built], runner_label: str
-) -> AsyncIterator[swe_pb2_grpc.SweRunnerServiceStub]:
-    overrides = [*SMALL, *SESSIONS, f"eval.runner_label={runner_label}"]
-    async with (
-        running_service(SERVICE, overrides) as running,
-        connect(f"127.0.0.1:{running.grpc_port}") as channel,
-    ):
-        yield swe_pb2_grpc.SweRunnerServiceStub(channel)
-    assert labelled(runner_label) == [], "containers left behind"
+def service_overrides() -> list[str]:
+    """Session limits for conftest's `stub` service: small enough to reach."""
+    return SESSIONS
 
 
 async def open_session(

@@ -227,9 +227,15 @@ class OpenAIFace:
                     **training_fields(s),
                 }
             )
+        return self._choices_reply("cmpl", "text_completion", choices, samples)
+
+    def _choices_reply(
+        self, id_prefix: str, kind: str, choices: list[dict[str, Any]], samples: list[Sample]
+    ) -> dict[str, Any]:
+        """The body of a (chat) completion: its choices, with id, time, model and usage."""
         return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
+            "id": f"{id_prefix}-{uuid.uuid4().hex}",
+            "object": kind,
             "created": int(time.time()),
             "model": self.model_id,
             "choices": choices,
@@ -264,14 +270,7 @@ class OpenAIFace:
                     "logprobs": {"content": self._tokens_logprobs(s)} if body.logprobs else None,
                 }
             )
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_id,
-            "choices": choices,
-            "usage": usage_of(samples),
-        }
+        return self._choices_reply("chatcmpl", "chat.completion", choices, samples)
 
     async def responses(self, body: ResponsesBody) -> dict[str, Any]:
         self._check_model(body.model)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
@@ -189,6 +189,19 @@ async def execute(
     return answer
 
 
+ClientKey = Annotated[str | None, Header(alias=CLIENT_KEY_HEADER)]
+"""The caller's `x-rlfleet-client-key` header (None for keyless callers)."""
+
+
+def owner_or_refusal(engine: SandboxEngine, key: str | None) -> str | JSONResponse:
+    """The session namespace of the client whose key is `key`, or the answer refusing
+    the key."""
+    try:
+        return engine.owner(key)
+    except ServiceError as exc:
+        return error_response(exc)
+
+
 def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
     config = engine.config.http
 
@@ -196,7 +209,7 @@ def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
     async def post_execute(
         request: Request,
         x_session_id: str | None = Header(default=None),
-        x_rlfleet_client_key: str | None = Header(default=None, alias=CLIENT_KEY_HEADER),
+        x_rlfleet_client_key: ClientKey = None,
     ) -> dict[str, Any] | JSONResponse:
         try:
             async with asyncio.timeout(config.deadline_s):
@@ -228,12 +241,11 @@ def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
 
     @app.get("/sessions", response_model=None)
     async def sessions(
-        x_rlfleet_client_key: str | None = Header(default=None, alias=CLIENT_KEY_HEADER),
+        x_rlfleet_client_key: ClientKey = None,
     ) -> dict[str, Any] | JSONResponse:
-        try:
-            owner = engine.owner(x_rlfleet_client_key)
-        except ServiceError as exc:
-            return error_response(exc)
+        owner = owner_or_refusal(engine, x_rlfleet_client_key)
+        if isinstance(owner, JSONResponse):
+            return owner
         if owner == ANONYMOUS:
             return {
                 "sessions": [],
@@ -256,12 +268,11 @@ def add_routes(app: FastAPI, engine: SandboxEngine) -> None:
     @app.delete("/sessions/{session_id}", response_model=None)
     async def delete_session(
         session_id: str,
-        x_rlfleet_client_key: str | None = Header(default=None, alias=CLIENT_KEY_HEADER),
+        x_rlfleet_client_key: ClientKey = None,
     ) -> dict[str, Any] | JSONResponse:
-        try:
-            owner = engine.owner(x_rlfleet_client_key)
-        except ServiceError as exc:
-            return error_response(exc)
+        owner = owner_or_refusal(engine, x_rlfleet_client_key)
+        if isinstance(owner, JSONResponse):
+            return owner
         if not await engine.close_session(owner, session_id):
             return JSONResponse(
                 status_code=404,
