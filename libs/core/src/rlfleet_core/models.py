@@ -19,6 +19,13 @@ Bundled names:
 - `tiny`: a 2-layer, hidden-128 Qwen2 with a 512-token byte-level BPE vocabulary trained
   on a fixed text, random weights from a fixed seed. Small enough that a CPU runs a
   training step in tens of milliseconds; real enough that text round-trips.
+- `tiny-nemotron-h`: Nemotron 3's hybrid architecture in miniature (`NemotronHForCausalLM`):
+  Mamba-2 mixers, one grouped-query attention layer and mixture-of-experts feed-forward
+  layers with routed and shared experts, in Nano 3's order (`MEM*EME`: Mamba, MoE, Mamba,
+  attention, MoE, Mamba, MoE); the tiny model's tokenizer, random weights from a fixed seed.
+  On CPU its Mamba layers run transformers' PyTorch reference paths (`mamba_ssm` and
+  `causal_conv1d` are CUDA builds). Any local HF-format Nemotron-H folder loads as any
+  other model folder.
 
 Converted folders are cached under `$RLFLEET_CACHE_DIR/models` (default
 `~/.cache/rlfleet/models`), one folder per recipe version, written to a temporary folder
@@ -45,11 +52,16 @@ logger = logging.getLogger(__name__)
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
 TINY_NAME = "tiny"
-BUNDLED_MODELS = (SMOLLM2_NAME, TINY_NAME)
+TINY_NEMOTRON_H_NAME = "tiny-nemotron-h"
+BUNDLED_MODELS = (SMOLLM2_NAME, TINY_NAME, TINY_NEMOTRON_H_NAME)
 
 # Bump when a recipe changes so that stale cached folders are not reused.
 _SMOLLM2_RECIPE = "v1"
 _TINY_RECIPE = "v2"  # v2: 4,096 positions (a fenced judge prompt is ~1,100 of its tokens)
+_TINY_NEMOTRON_H_RECIPE = "v1"
+TINY_NEMOTRON_H_PATTERN = "MEM*EME"
+"""Layer kinds in order (`M` Mamba-2, `E` MoE, `*` attention): how Nano 3's pattern
+(`MEMEM*EMEMEM*E...`, 52 layers) begins, cut to seven layers."""
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CHATML_TEMPLATE = (
@@ -118,6 +130,11 @@ def resolve_model(
     root = cache if cache is not None else cache_dir()
     if text == TINY_NAME:
         return _cached(root / f"tiny-{_TINY_RECIPE}-seed0", lambda out: build_tiny_model(out))
+    if text == TINY_NEMOTRON_H_NAME:
+        return _cached(
+            root / f"{TINY_NEMOTRON_H_NAME}-{_TINY_NEMOTRON_H_RECIPE}-seed0",
+            lambda out: build_tiny_model(out, config=tiny_nemotron_h_config()),
+        )
     if text == SMOLLM2_NAME:
         return _cached(root / f"{SMOLLM2_NAME}-{_SMOLLM2_RECIPE}", convert_smollm2)
     if looks_like_path(text):
@@ -217,18 +234,58 @@ def tiny_config(vocab_size: int = 512) -> Any:
     )
 
 
-def build_tiny_model(out: Path, seed: int = 0, vocab_size: int = 512) -> None:
-    """Write the tiny model (weights from `seed`) and its tokenizer to `out`."""
+def tiny_nemotron_h_config(vocab_size: int = 512) -> Any:
+    """Shape of the tiny Nemotron-H: hidden 128; Mamba-2 with 8 heads of 16 in 2 groups,
+    state 16; attention with 4 heads of 32, 2 KV heads; MoE with 4 routed experts (top 2)
+    and 1 shared, each 64 wide (Nano 3: 128 routed, top 6, 1 shared)."""
+    from transformers import NemotronHConfig
+
+    # The pattern keyword is what published Nemotron-H configs carry; transformers turns it
+    # into `layers_block_type` (its stubs list only the latter).
+    return NemotronHConfig(  # type: ignore[call-arg]
+        vocab_size=vocab_size,
+        hidden_size=128,
+        hybrid_override_pattern=TINY_NEMOTRON_H_PATTERN,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        mamba_num_heads=8,
+        mamba_head_dim=16,
+        n_groups=2,
+        ssm_state_size=16,
+        chunk_size=16,
+        conv_kernel=4,
+        expand=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=64,
+        moe_shared_expert_intermediate_size=64,
+        intermediate_size=256,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=TINY_SPECIAL_TOKENS.index("<|im_end|>"),
+        pad_token_id=TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
+        dtype="float32",
+    )
+
+
+def build_tiny_model(
+    out: Path, seed: int = 0, vocab_size: int = 512, config: Any | None = None
+) -> None:
+    """Write a tiny model (weights from `seed`; `config`: its shape, the tiny Qwen2's by
+    default) and the tiny tokenizer to `out`."""
     import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     tokenizer = build_tiny_tokenizer(vocab_size)
     if len(tokenizer) > vocab_size:
         raise RuntimeError(f"tiny tokenizer has {len(tokenizer)} tokens > vocab {vocab_size}")
-    config = tiny_config(vocab_size)
+    config = config if config is not None else tiny_config(vocab_size)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )
