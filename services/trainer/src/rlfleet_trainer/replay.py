@@ -65,10 +65,15 @@ class ReplayBuffer:
         return stale
 
     def take(self, count: int) -> list[PromptGroup]:
-        """The `count` oldest groups (by weight version, then arrival), removed."""
+        """The `count` oldest groups (by weight version, then arrival), removed, in the order
+        of (weight version, prompt id): the same groups make the same batch whatever order
+        they arrived in, so the step's sums (micro-batches, accumulation) round the same way
+        run after run (Adam turns a rounding-level gradient into a full-size step)."""
         order = sorted(range(len(self.groups)), key=lambda i: (self.groups[i].weight_version, i))
         chosen = set(order[:count])
-        taken = [self.groups[i] for i in order[:count]]
+        taken = sorted(
+            (self.groups[i] for i in order[:count]), key=lambda g: (g.weight_version, g.prompt_id)
+        )
         self.groups = [g for i, g in enumerate(self.groups) if i not in chosen]
         return taken
 
