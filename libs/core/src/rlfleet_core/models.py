@@ -212,6 +212,19 @@ def build_tiny_tokenizer(vocab_size: int = 512) -> Any:
     )
 
 
+_TINY_COMMON: dict[str, Any] = {
+    # Room for a judge's prompt (instructions, conversation, two fenced responses: ~1,100
+    # tokens of this 512-token vocabulary) when a tiny model serves as one.
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "bos_token_id": None,
+    "eos_token_id": TINY_SPECIAL_TOKENS.index("<|im_end|>"),
+    "pad_token_id": TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
+    "dtype": "float32",
+}
+"""What the tiny models share: the tiny tokenizer's special ids, positions, float32."""
+
+
 def tiny_config(vocab_size: int = 512) -> Any:
     """Shape of the tiny Qwen2 (2 layers, hidden 128, 4 heads, 2 KV heads)."""
     from transformers import Qwen2Config
@@ -223,14 +236,7 @@ def tiny_config(vocab_size: int = 512) -> Any:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        # Room for a judge's prompt (instructions, conversation, two fenced responses:
-        # ~1,100 tokens of this 512-token vocabulary) when the tiny model serves as one.
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=TINY_SPECIAL_TOKENS.index("<|im_end|>"),
-        pad_token_id=TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
-        dtype="float32",
+        **_TINY_COMMON,
     )
 
 
@@ -262,12 +268,7 @@ def tiny_nemotron_h_config(vocab_size: int = 512) -> Any:
         moe_intermediate_size=64,
         moe_shared_expert_intermediate_size=64,
         intermediate_size=256,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=TINY_SPECIAL_TOKENS.index("<|im_end|>"),
-        pad_token_id=TINY_SPECIAL_TOKENS.index("<|endoftext|>"),
-        dtype="float32",
+        **_TINY_COMMON,
     )
 
 
