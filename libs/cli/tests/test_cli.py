@@ -77,7 +77,7 @@ def test_version_lists_every_package() -> None:
         ),
         (
             ["run", "policy.model=two words"],
-            "policy.model: 'two words' is not a bundled name (smollm2-135m-instruct, tiny), "
+            "policy.model: 'two words' is not a bundled name (smollm2-135m-instruct, tiny, tiny-nemotron-h), "
             "a local folder",
         ),
         (

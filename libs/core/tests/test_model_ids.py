@@ -128,7 +128,7 @@ def test_the_form_of_a_reference_is_checked(ref: str, ok: bool) -> None:
     problem = model_reference_problem(ref)
     assert (problem is None) == ok, problem
     if not ok:
-        assert problem is not None and "(smollm2-135m-instruct, tiny)" in problem
+        assert problem is not None and "(smollm2-135m-instruct, tiny, tiny-nemotron-h)" in problem
         with pytest.raises(ModelNotFound, match="Hugging Face id"):
             resolve_model(ref)
 
