@@ -49,6 +49,17 @@ class Sampling:
     max_tokens: int
     seed: int | None = None
 
+    def for_group(
+        self, index: int, group_size: int, max_tokens: int | None, offset: int = 0
+    ) -> Sampling:
+        """This sampling for the group of prompt `index` (capped at the row's `max_tokens`):
+        when seeded, at `seed + offset + index × group_size` (the engine gives sample k of
+        the group that + k), so every group of a stream draws seeds of its own."""
+        mine = self.capped(max_tokens)
+        if mine.seed is None:
+            return mine
+        return dataclasses.replace(mine, seed=mine.seed + offset + index * group_size)
+
     def capped(self, max_tokens: int | None) -> Sampling:
         """This sampling with at most `max_tokens` generated (a row's own cap)."""
         if max_tokens is None or max_tokens >= self.max_tokens:

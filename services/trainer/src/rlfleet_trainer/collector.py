@@ -16,7 +16,6 @@ can change it half-way through a snapshot: the event loop runs one thing at a ti
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 from collections import deque
@@ -261,12 +260,7 @@ class Collector:
     def _sampling_for(self, prompt: Prompt) -> Sampling:
         """The recipe's sampling for `prompt`; seeded per prompt when `generation.seed` is
         set (the engine gives sample k of the group seed + k)."""
-        sampling = self.sampling.capped(prompt.max_tokens)
-        if self.sampling.seed is None:
-            return sampling
-        return dataclasses.replace(
-            sampling, seed=self.sampling.seed + prompt.index * self.group_size
-        )
+        return self.sampling.for_group(prompt.index, self.group_size, prompt.max_tokens)
 
     def drop(self, prompt_id: str, reason: str) -> None:
         self.drops.append(LedgerEntry(prompt_id=prompt_id, outcome="dropped", reason=reason))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rlfleet_contracts.preference import PreferencePair
@@ -119,9 +119,8 @@ async def sample_pairs(ctx: RunContext) -> SampledPairs:
             return await sample_group(prompt)
 
     async def sample_group(prompt: Prompt) -> list[Trajectory] | None:
-        mine = sampling.capped(prompt.max_tokens)
-        if mine.seed is not None:  # as GRPO's groups: prompt i's sample k draws seed + i·K + k
-            mine = replace(mine, seed=mine.seed + prompt.index * d.samples_per_prompt)
+        # As GRPO's groups: prompt i's sample k draws seed + i·K + k.
+        mine = sampling.for_group(prompt.index, d.samples_per_prompt, prompt.max_tokens)
         try:
             return await agent.group(prompt, d.samples_per_prompt, mine)
         except CallFailed as exc:

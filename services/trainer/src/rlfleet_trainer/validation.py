@@ -107,9 +107,7 @@ async def validate(ctx: RunContext, label: str | None = None) -> Validation:
         prompt = val_source.prompt_at(index)
         n = g.val_samples_per_prompt
         calls: list[dict[str, int]] | None = None
-        mine = sampling.capped(prompt.max_tokens)
-        if mine.seed is not None:
-            mine = replace(mine, seed=mine.seed + VAL_SEED_OFFSET + index * n)
+        mine = sampling.for_group(index, n, prompt.max_tokens, offset=VAL_SEED_OFFSET)
         try:
             if agent is not None and agent.handles(prompt.env):
                 results, texts, group, calls = await _multi_turn(
