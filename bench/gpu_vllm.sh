@@ -20,7 +20,7 @@
 #   B=.gpu-carry/b4; mkdir -p /tmp/bundle /tmp/gwt && cp $B/part.* $B/bundle.idx /tmp/bundle/ &&
 #     tar -xJf $B/code.tar.xz -C /tmp/gwt && cd /tmp/gwt && bash bench/gpu_vllm.sh measure
 #   cp .gpu-carry/b5/part.* /tmp/bundle/ && cd /tmp/gwt && bash bench/gpu_vllm.sh learn
-# measure: bench/gpu_vllm.py (1)-(3); learn: bench/gpu_learning.py, then bench/grpo.py
+# measure: bench/gpu_vllm.py (1)-(3); nemotron-h: bench/gpu_nemotron_h.py; learn: bench/gpu_learning.py, then bench/grpo.py
 # --engine vllm. Results land in $OUT (gpu-vllm.jsonl/.md, gpu-learning-curve.json/.png,
 # grpo.jsonl, logs).
 set -u
@@ -100,9 +100,13 @@ case $cmd in
     echo "== bench grpo, vllm engine, ${left}s left"
     [ $left -gt 150 ] && timeout -k 10 $left python3 bench/grpo.py --engine vllm --record $OUT > $OUT/grpo.log 2>&1 || grep -v "INFO" $OUT/grpo.log | tail -30
     cat $OUT/grpo.jsonl 2>/dev/null ;;
+  nemotron-h)  # bench/gpu_nemotron_h.py: the tiny Nemotron-H in vLLM (updates by name, mismatch)
+    setup
+    timeout -k 10 ${NEMOTRON_S:-540} python3 bench/gpu_nemotron_h.py --out $OUT "$@" 2>&1 | grep -v "INFO\|it/s\]" | tail -60
+    for f in /tmp/gpu-nemotron-h/*.log; do echo "== $f"; grep -v "it/s\]" $f | tail -c 200000; done > $OUT/services.log ;;
   ranks)  # bench/gpu_ranks.py: a GRPO stage at torch DP=1 / DP=2 and megatron TP=2
     setup
     timeout -k 10 ${RANKS_S:-540} python3 bench/gpu_ranks.py --out $OUT "$@" 2>&1 | grep -v "INFO\|it/s\]" | tail -80 ;;
   *)
-    echo "usage: $0 pack | code | measure [ARGS] | learn [STEPS] | ranks [ARGS]" >&2; exit 2 ;;
+    echo "usage: $0 pack | code | measure [ARGS] | learn [STEPS] | nemotron-h [ARGS] | ranks [ARGS]" >&2; exit 2 ;;
 esac

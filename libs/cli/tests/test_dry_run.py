@@ -64,8 +64,9 @@ def test_dry_run_fails_exactly_when_the_start_would(
     kind = load_recipe(recipe).kind
     code, stdout, stderr = rl(kind, "-c", recipe, "--run", profile, "--dry-run")
     loaded = load_recipe(recipe)
+    engine = loaded.services.rollout_engine  # what `rlfleet rl` uses without --engine
     expected = preflight(
-        loaded, launcher_for(load_profile(profile)), default_run_dir(loaded), "vllm"
+        loaded, launcher_for(load_profile(profile)), default_run_dir(loaded), engine
     )
     assert "# launch plan" in stdout  # the plan is shown either way
     if expected is None:

@@ -11,3 +11,9 @@ from rlfleet_core.models import resolve_model
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     return resolve_model("tiny")
+
+
+@pytest.fixture(scope="session", params=["tiny", "tiny-nemotron-h"])
+def tiny_models(request: pytest.FixtureRequest) -> Path:
+    """Each bundled tiny model: dense Qwen2, and hybrid Mamba-2 / attention / MoE."""
+    return resolve_model(request.param)

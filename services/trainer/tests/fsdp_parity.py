@@ -6,7 +6,7 @@
 
 Every rank trains one step on its half of a fixed batch with the torch backend sharded by
 FSDP2 (loss normalised by the global token count); rank 0 writes OUT/fsdp.pt with the
-summed loss, the grad norm and the full HF state dict after the step, to compare with one
+summed loss, the grad norm, the step's metrics and the full HF state dict after the step, to compare with one
 process training on the whole batch. With --dpo the step is a DPO step on 4 preference
 pairs (2 per rank), reference logprobs precomputed by the starting weights.
 """
@@ -45,10 +45,21 @@ def fixed_batch() -> TrainBatch:
     return parity_batch(vocab=512)  # the megatron probe's batch, over the tiny model's vocab
 
 
-def policy(model: Path, device: str = "cpu") -> TorchPolicy:
+def policy(model: Path, device: str = "cpu", router_bias_rate: float = 0.0) -> TorchPolicy:
     torch.manual_seed(0)
+    # Adam's first step moves a weight by lr * g / (|g| + eps): ±lr for any gradient well
+    # above eps, so a gradient near eps whose last bits differ by summation order (2 ranks
+    # reduce what 1 accumulates) could move it anywhere in ±lr. eps 1e-6 bounds that
+    # sensitivity (lr / eps x ~1e-8 of gradient noise = ~1e-5): seen on the hybrid model,
+    # one Mamba in_proj element off by 1.6e-4 at the default eps.
     config = TorchBackendConfig(
-        model_path=model, lr=1e-3, max_grad_norm=None, device=device, dtype="float32"
+        model_path=model,
+        lr=1e-3,
+        eps=1e-6,
+        max_grad_norm=None,
+        device=device,
+        dtype="float32",
+        router_bias_update_rate=router_bias_rate,
     )
     return TorchPolicy(config)
 
@@ -59,12 +70,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--plain", action="store_true", help="one process, whole batch")
     parser.add_argument("--dpo", action="store_true", help="a DPO step on preference pairs")
+    parser.add_argument(
+        "--router-bias-rate", type=float, default=0.0, help="MoE: aux-loss-free bias updates"
+    )
     parser.add_argument("model", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
     loss: TrainLoss = DPO_LOSS if args.dpo else LOSS
     if args.plain:
-        plain = policy(args.model, args.device)
+        plain = policy(args.model, args.device, args.router_bias_rate)
         whole = dpo_batch() if args.dpo else fixed_batch()
         if args.dpo:
             attach_reference_logprobs(plain, whole, "precomputed")
@@ -81,7 +95,7 @@ def main() -> None:
     batch = dpo_batch() if args.dpo else fixed_batch()
     share = batch.size // world
     mine = batch.slice(rank * share, (rank + 1) * share)
-    sharded = policy(args.model, args.device)
+    sharded = policy(args.model, args.device, args.router_bias_rate)
     if args.dpo:
         attach_reference_logprobs(sharded, mine, "precomputed")  # collective under FSDP
     metrics = sharded.train_step(mine, loss)  # the global step's metrics (summed over ranks)

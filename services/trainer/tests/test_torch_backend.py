@@ -1,5 +1,6 @@
 """The torch backend on the tiny model: logprob alignment, gradient accumulation that
-equals one big batch, learning direction, save/load, HF export, FSDP2 at world size 1."""
+equals one big batch, learning direction, save/load, HF export, FSDP2 at world size 1 and
+2; the last three also on the hybrid Mamba-2 / attention / MoE tiny model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from rlfleet_contracts.recipe import GRPOConfig
 from rlfleet_core.ports import pick_free_port
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
 from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
+from rlfleet_weights.names import checkpoint_named
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 LOSS = GRPOConfig(importance_sampling="tis", force_on_policy_ratio=True)
@@ -43,11 +46,11 @@ def _policy(model: Path, **kw: object) -> TorchPolicy:
     return TorchPolicy(TorchBackendConfig(model_path=model, lr=1e-3, **kw))  # type: ignore[arg-type]
 
 
-def test_logprobs_align_with_generated_tokens(tiny_model: Path) -> None:
+def test_logprobs_align_with_generated_tokens(tiny_models: Path) -> None:
     trajs, batch = _batch()
-    policy = _policy(tiny_model, logprob_micro_batch_size=3)
+    policy = _policy(tiny_models, logprob_micro_batch_size=3)
     logprobs_NT = policy.logprobs(batch)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_models).eval()
     for i, traj in enumerate(trajs):
         ids = torch.tensor([traj.prompt_token_ids + traj.token_ids])
         with torch.no_grad():
@@ -58,11 +61,11 @@ def test_logprobs_align_with_generated_tokens(tiny_model: Path) -> None:
         assert got == pytest.approx(expected, abs=1e-4)
 
 
-def test_gradient_accumulation_equals_full_batch(tiny_model: Path) -> None:
+def test_gradient_accumulation_equals_full_batch(tiny_models: Path) -> None:
     _, batch = _batch(n=6)
     results = []
     for micro in (1, 4, 6):
-        policy = _policy(tiny_model, train_micro_batch_size=micro, max_grad_norm=None)
+        policy = _policy(tiny_models, train_micro_batch_size=micro, max_grad_norm=None)
         metrics = policy.train_step(batch, LOSS)
         results.append((metrics["loss"], metrics["grad_norm"], next(policy.model.parameters())))
     for loss, grad_norm, param in results[1:]:
@@ -96,9 +99,9 @@ def test_reference_logprobs_stay_frozen(tiny_model: Path) -> None:
         _policy(tiny_model).logprobs(batch, reference=True)
 
 
-def test_save_load_roundtrip_and_hf_export(tiny_model: Path, tmp_path: Path) -> None:
+def test_save_load_roundtrip_and_hf_export(tiny_models: Path, tmp_path: Path) -> None:
     _, batch = _batch()
-    policy = _policy(tiny_model)
+    policy = _policy(tiny_models)
     policy.train_step(batch, LOSS)
     (tmp_path / "ckpt").mkdir()
     policy.save(tmp_path / "ckpt")
@@ -113,21 +116,25 @@ def test_save_load_roundtrip_and_hf_export(tiny_model: Path, tmp_path: Path) -> 
     assert again["grad_norm"] == pytest.approx(after_save["grad_norm"], rel=1e-5)
 
     policy.export_hf(tmp_path / "hf")
+    # The export holds the checkpoint's own names (Nemotron-H: one tensor per expert).
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert set(exported) == set(load_file(str(tiny_models / "model.safetensors")))
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    for name, tensor in loaded.state_dict().items():
-        torch.testing.assert_close(tensor, dict(policy.hf_state_dict())[name])
+    weights = dict(policy.hf_state_dict())
+    for name, tensor in checkpoint_named(loaded, loaded.state_dict()).items():
+        torch.testing.assert_close(tensor, weights[name])
     assert (tmp_path / "hf" / "tokenizer.json").exists()
 
 
-def test_fsdp2_world_size_one_matches_plain(tiny_model: Path) -> None:
+def test_fsdp2_world_size_one_matches_plain(tiny_models: Path) -> None:
     _, batch = _batch()
-    plain = _policy(tiny_model, max_grad_norm=None)
+    plain = _policy(tiny_models, max_grad_norm=None)
     plain_metrics = plain.train_step(batch, LOSS)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{pick_free_port()}", rank=0, world_size=1
     )
     try:
-        sharded = _policy(tiny_model, max_grad_norm=None, fsdp=True)
+        sharded = _policy(tiny_models, max_grad_norm=None, fsdp=True)
         metrics = sharded.train_step(batch, LOSS)
         assert metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=1e-5)
         assert metrics["grad_norm"] == pytest.approx(plain_metrics["grad_norm"], rel=1e-4)
@@ -140,7 +147,7 @@ def test_fsdp2_world_size_one_matches_plain(tiny_model: Path) -> None:
 
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process_on_the_whole_batch(
-    tiny_model: Path, tmp_path: Path
+    tiny_models: Path, tmp_path: Path
 ) -> None:
     """torchrun, 2 gloo ranks, each on half of the batch: the summed loss, the grad norm
     and every weight after the step equal one unsharded process on the whole batch (the
@@ -153,24 +160,33 @@ def test_fsdp2_two_ranks_match_one_process_on_the_whole_batch(
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
         "--master_addr", "127.0.0.1", "--master_port", str(pick_free_port()),
-        str(probe), "--out", str(tmp_path), str(tiny_model),
+        str(probe), "--out", str(tmp_path), str(tiny_models),
     ]  # fmt: skip
+    # The hybrid model also moves its routers' biases (aux-loss-free balancing): from the
+    # load summed over both ranks, so both equal the one process's.
+    moe = ["--router-bias-rate", "0.01"] if "nemotron" in tiny_models.name else []
+    command[-1:-1] = moe
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     sharded = torch.load(tmp_path / "fsdp.pt", weights_only=False)
 
     # The reference: the same probe, one process, the whole batch.
-    plain_run = [sys.executable, str(probe), "--plain", "--out", str(tmp_path), str(tiny_model)]
+    plain_run = [sys.executable, str(probe), "--plain", "--out", str(tmp_path), *moe]
+    plain_run.append(str(tiny_models))
     proc = subprocess.run(plain_run, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     plain = torch.load(tmp_path / "plain.pt", weights_only=False)
     assert sharded["loss"] == pytest.approx(plain["loss"], rel=1e-5)
     assert sharded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
     # One Adam step at lr 1e-3 moves a weight by up to lr whatever its gradient's size; for
-    # a gradient near Adam's eps the move depends on summation order, hence 1e-4 (10% of a
-    # step, as in the megatron parity tests). A halved gradient would still show in the
-    # grad norm above.
+    # a gradient near Adam's eps the move depends on summation order: the probe's eps 1e-6
+    # bounds that, and 1e-4 is 10% of a step (as in the megatron parity tests). A halved
+    # gradient would still show in the grad norm above.
+    for key, value in plain["metrics"].items():
+        if key.startswith("moe/"):
+            assert sharded["metrics"][key] == pytest.approx(value), key
+    assert bool(moe) == any(k.endswith(".e_score_correction_bias") for k in plain["state"])
     assert set(sharded["state"]) == set(plain["state"])
     for name, tensor in plain["state"].items():
         torch.testing.assert_close(sharded["state"][name], tensor, atol=1e-4, rtol=0)

@@ -4,7 +4,7 @@ Defaults live here and only here; recipe files state overrides. Cross-field rule
 checked at load time with messages that name the fields and the fix.
 
 Sections: `grpo` (the algorithm), `generation` (sampling on the rollout service), `policy`
-(model, backend, optimizer, parallelism), `data` (prompt rows), `reasoning` (chat-template
+(model, backend, optimizer, parallelism, MoE options: policy.py), `data` (prompt rows), `reasoning` (chat-template
 switches, the low-effort schedule), `multi_turn` (agentic environments), `dpo` (preference
 optimisation), `services` (where rollout and reward live, how weights travel), `checkpoint`
 (where and how often).
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from rlfleet_core.config import ConfigModel
-from rlfleet_core.models import check_model_reference
 from rlfleet_core.tracking.config import LoggerConfig
 
 from rlfleet_contracts.cluster import ClusterConfig
 from rlfleet_contracts.judge import JudgeModelConfig
 from rlfleet_contracts.multiturn import MultiTurnConfig
+from rlfleet_contracts.policy import PolicyConfig
 from rlfleet_contracts.preference import DPOConfig
 from rlfleet_contracts.reasoning import ReasoningConfig
 
@@ -179,67 +179,6 @@ class GenerationConfig(ConfigModel):
     draw the same samples whatever the timing (hf, vLLM-cpu); None = the engine's RNG."""
 
 
-class OptimizerConfig(ConfigModel):
-    """AdamW of the policy (the learning rate is `grpo.lr`)."""
-
-    weight_decay: float = Field(0.01, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    """Clip the global gradient norm to this; None = off."""
-    warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up of the learning rate over this many optimizer steps."""
-
-
-class PolicyConfig(ConfigModel):
-    model: str = "smollm2-135m-instruct"
-    """A bundled model name (smollm2-135m-instruct, tiny), a local HF folder, or a Hugging
-    Face id (`HuggingFaceTB/SmolLM2-135M-Instruct`: from the HF cache, downloaded into it
-    first when the Hub can be reached; HF_HUB_OFFLINE=1 = the cache only)."""
-    _model_form = field_validator("model")(check_model_reference)
-
-    backend: Literal["torch", "megatron"] = "torch"
-    """`torch`: HF transformers model (CPU, one GPU, FSDP2 for several); `megatron`:
-    megatron-core GPTModel with TP/PP/CP/EP."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Parameter/compute dtype: auto = bfloat16 on GPU, float32 on CPU."""
-    max_total_sequence_length: int = Field(1024, ge=16)
-    """Prompt + generation tokens per sample."""
-    train_micro_batch_size: int = Field(4, ge=1)
-    """Samples per forward/backward; gradients accumulate to the global batch
-    (num_prompts_per_step × num_generations_per_prompt samples per optimizer step)."""
-    logprob_micro_batch_size: int = Field(8, ge=1)
-    """Samples per no-grad forward when scoring prev/reference logprobs."""
-    train_top_layers: int | None = Field(None, ge=1)
-    """Train only the top N decoder layers and the final norm, freezing the embeddings,
-    LM head and lower layers (backward stops at layer −N): a compute budget knob for CPU
-    runs and quick experiments (torch backend). None = train the whole model."""
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
-    context_parallel_size: int = Field(1, ge=1)
-    expert_parallel_size: int = Field(1, ge=1)
-    data_parallel_size: int = Field(1, ge=1)
-    """torch backend: FSDP2 shards over this many ranks; > 1 makes `rlfleet rl` launch the
-    trainer with torchrun (one process per rank; rank 0 talks to the services). Must divide
-    grpo.num_prompts_per_step × grpo.num_generations_per_prompt."""
-    max_restarts: int = Field(2, ge=0)
-    """With several ranks: how often torchrun restarts all ranks after one dies; each
-    restart resumes from the latest checkpoint."""
-    activation_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-    optimizer: OptimizerConfig = OptimizerConfig()
-
-    @property
-    def world_size(self) -> int:
-        """Trainer processes a stage launches: TP × PP × CP × DP (EP is carved out of DP)."""
-        return (
-            self.tensor_parallel_size
-            * self.pipeline_parallel_size
-            * self.context_parallel_size
-            * self.data_parallel_size
-        )
-
-
 class DataConfig(ConfigModel):
     """Prompt rows (JSONL, NeMo-Gym shape: `responses_create_params.input` messages, an
     environment name in `env` or `agent_ref.name`, and the env's verification fields)."""
@@ -273,6 +212,10 @@ class ServicesConfig(ConfigModel):
 
     rollout: str = "127.0.0.1:50061"
     """Rollout service gRPC target."""
+    rollout_engine: Literal["vllm", "hf"] = "vllm"
+    """The engine `rlfleet rl` starts the rollout with when no --engine is given: vllm
+    (vllm-cpu on CPU), or hf (transformers: tiny models, and what vllm-cpu cannot run,
+    such as Nemotron-H's mixture-of-experts layers)."""
     reward: str = "127.0.0.1:50062"
     """Reward gateway gRPC target."""
     generate_timeout_s: float = Field(600.0, gt=0)

@@ -75,6 +75,10 @@ def check_world_size(
         raise StartupError(problem)
 
 
+MEGATRON_MODEL_TYPES = ("llama", "qwen2")
+"""The HF families the megatron backend builds and converts (backends/megatron_convert.py)."""
+
+
 def model_shape_problem(
     num_attention_heads: int,
     num_key_value_heads: int,
@@ -117,7 +121,7 @@ def check_model_shape(
         raise StartupError(problem)
 
 
-def _model_config(model: str) -> dict[str, Any] | None:
+def local_model_config(model: str) -> dict[str, Any] | None:
     """The model's config.json when it can be read here without a download (a local
     folder, a bundled model, the Hugging Face cache); None otherwise."""
     from rlfleet_core.models import resolve_model
@@ -131,9 +135,17 @@ def _model_config(model: str) -> dict[str, Any] | None:
 
 
 def shape_problem(recipe: RecipeConfig) -> str | None:
-    """The megatron backend's TP/PP split of the recipe's model, checked from config.json."""
-    config = _model_config(recipe.policy.model)
-    if config is None or "num_attention_heads" not in config:
+    """The megatron backend's model family and TP/PP split, checked from config.json."""
+    config = local_model_config(recipe.policy.model)
+    if config is None:
+        return None
+    family = config.get("model_type")
+    if family not in MEGATRON_MODEL_TYPES:
+        return (
+            f"policy.backend=megatron converts {' and '.join(MEGATRON_MODEL_TYPES)} models, not "
+            f"{family!r} (policy.model={recipe.policy.model}); use policy.backend=torch"
+        )
+    if "num_attention_heads" not in config:
         return None
     heads = int(config["num_attention_heads"])
     return model_shape_problem(

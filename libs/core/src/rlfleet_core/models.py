@@ -240,10 +240,11 @@ def tiny_config(vocab_size: int = 512) -> Any:
     )
 
 
-def tiny_nemotron_h_config(vocab_size: int = 512) -> Any:
+def tiny_nemotron_h_config(vocab_size: int = 512, pattern: str = TINY_NEMOTRON_H_PATTERN) -> Any:
     """Shape of the tiny Nemotron-H: hidden 128; Mamba-2 with 8 heads of 16 in 2 groups,
     state 16; attention with 4 heads of 32, 2 KV heads; MoE with 4 routed experts (top 2)
-    and 1 shared, each 64 wide (Nano 3: 128 routed, top 6, 1 shared)."""
+    and 1 shared, each 64 wide (Nano 3: 128 routed, top 6, 1 shared). `pattern`: another
+    layer order (`-` for a dense MLP 192 wide: an MoE layer's active width)."""
     from transformers import NemotronHConfig
 
     # The pattern keyword is what published Nemotron-H configs carry; transformers turns it
@@ -251,7 +252,7 @@ def tiny_nemotron_h_config(vocab_size: int = 512) -> Any:
     return NemotronHConfig(  # type: ignore[call-arg]
         vocab_size=vocab_size,
         hidden_size=128,
-        hybrid_override_pattern=TINY_NEMOTRON_H_PATTERN,
+        hybrid_override_pattern=pattern,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
@@ -267,7 +268,8 @@ def tiny_nemotron_h_config(vocab_size: int = 512) -> Any:
         n_shared_experts=1,
         moe_intermediate_size=64,
         moe_shared_expert_intermediate_size=64,
-        intermediate_size=256,
+        # MLP layers (`-`): an MoE layer's active width; unused by the bundled pattern.
+        intermediate_size=192 if "-" in pattern else 256,
         **_TINY_COMMON,
     )
 

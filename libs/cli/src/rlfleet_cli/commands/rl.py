@@ -28,7 +28,7 @@ def rl(
             "-c",
             help="Recipe: a YAML file or a bundled "
             "name (super3/rlvr1, super3/swe1, super3/swe2, super3/rlhf, "
-            "nano3/grpo, tiny/dpo, test).",
+            "nano3/grpo, tiny/dpo, tiny/nemotron-h, test).",
         ),
     ],
     run: Annotated[
@@ -57,11 +57,13 @@ def rl(
         bool, typer.Option(help="Continue the stage from its latest checkpoint.")
     ] = False,
     engine: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--engine", help="Rollout engine: vllm, or hf (transformers; fast for tiny models)."
+            "--engine",
+            help="Rollout engine: vllm, or hf (transformers; fast for tiny models) "
+            "\\[default: the recipe's services.rollout_engine, vllm unless it says].",
         ),
-    ] = "vllm",
+    ] = None,
     keep_up: Annotated[
         bool,
         typer.Option(
@@ -81,6 +83,7 @@ def rl(
     in the env.toml profile) shares the model and compiled-kernel caches of every process.
     """
     from rich.markup import escape
+    from rlfleet_pipeline.fleet import FleetError
     from rlfleet_pipeline.launch.compose import ComposeError
     from rlfleet_pipeline.launch.profiles import load_profile
     from rlfleet_pipeline.launch.slurm_job import SlurmError
@@ -106,6 +109,7 @@ def rl(
     except StageError as exc:
         raise fail(str(exc)) from None
     run_dir = out_dir or default_run_dir(recipe)
+    engine = engine or recipe.services.rollout_engine
     try:
         plan = launcher.plan(recipe, run_dir, engine)
         # The checks the start runs: a dry-run passes only when the start would pass them.
@@ -135,7 +139,7 @@ def rl(
         )
     except StageError as exc:
         raise fail(escape(str(exc))) from None
-    except (ComposeError, SlurmError, ValueError) as exc:
+    except (ComposeError, SlurmError, FleetError, ValueError) as exc:
         raise fail(escape(str(exc)), code=1) from None
     if code == 0:
         _write_report(run_dir, recipe, config, time.monotonic() - started)

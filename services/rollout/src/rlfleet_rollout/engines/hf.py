@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from rlfleet_weights.base import GroupReceiver
+from rlfleet_weights.names import checkpoint_views
 
 from rlfleet_rollout.config import RolloutServiceConfig
 from rlfleet_rollout.engines.base import EngineBase, eos_ids, resolve_dtype
@@ -122,11 +123,9 @@ class HfEngine(EngineBase, HfWeights):
         self._eos = eos_ids(self.tokenizer, self.model.config, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self._pad = int(pad if pad is not None else (self._eos[0] if self._eos else 0))
-        # Every name a trainer may send: tied weights appear under both names.
-        self._targets = {
-            **dict(self.model.named_parameters(remove_duplicate=False)),
-            **dict(self.model.named_buffers(remove_duplicate=False)),
-        }
+        # Every name a trainer may send, in the checkpoint's names (rlfleet_weights.names:
+        # Nemotron-H's experts one by one), as views that write the model.
+        self._targets = checkpoint_views(self.model)
         # Weights loaded from safetensors may be copy-on-write file mappings: write every
         # page once now, so the first weight update does not pay the page faults.
         with torch.no_grad():

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from rlfleet_contracts.startup import MEGATRON_MODEL_TYPES
 
 ROW = 0
 """Partition dimension of column-parallel weights (output features split)."""
@@ -62,9 +63,10 @@ class ModelDims:
 
     @staticmethod
     def from_hf_config(config: Any) -> ModelDims:
-        if config.model_type not in ("llama", "qwen2"):
+        if config.model_type not in MEGATRON_MODEL_TYPES:
             raise ValueError(
-                f"megatron conversion supports llama and qwen2, not {config.model_type!r}"
+                f"megatron conversion supports {' and '.join(MEGATRON_MODEL_TYPES)}, "
+                f"not {config.model_type!r}"
             )
         rope = getattr(config, "rope_parameters", None) or {}
         rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))

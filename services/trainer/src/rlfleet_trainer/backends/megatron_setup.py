@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from rlfleet_contracts.recipe import PolicyConfig
+from rlfleet_contracts.policy import PolicyConfig
 from rlfleet_contracts.startup import check_model_shape, check_parallelism, check_world_size
 
 from rlfleet_trainer.backends.base import BackendConfig

@@ -20,16 +20,20 @@ import copy
 import logging
 import math
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from rlfleet_contracts.recipe import PolicyConfig, RecipeConfig
+from rlfleet_contracts.policy import PolicyConfig
+from rlfleet_contracts.recipe import RecipeConfig
+from rlfleet_weights.names import checkpoint_named
 from safetensors.torch import save_file
 
 from rlfleet_trainer.algorithms.dpo import TrainLoss
+from rlfleet_trainer.algorithms.router_balance import RouterBalance
 from rlfleet_trainer.backends.base import BackendConfig
 from rlfleet_trainer.backends.microbatch import (
     global_counts,
@@ -55,6 +59,8 @@ class TorchBackendConfig(BackendConfig):
     activation_checkpointing: bool = _POLICY.activation_checkpointing
     train_top_layers: int | None = _POLICY.train_top_layers
     """Train only the top N decoder layers + final norm (the rest frozen); None = all."""
+    router_bias_update_rate: float = _POLICY.moe.router_bias_update_rate
+    """Aux-loss-free load balancing of MoE routers (algorithms/router_balance.py); 0 = off."""
     device: str | None = None
     """None = cuda if available (this rank's GPU) else cpu."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -72,6 +78,7 @@ class TorchPolicy:
                 dtype=p.dtype,
                 activation_checkpointing=p.activation_checkpointing,
                 train_top_layers=p.train_top_layers,
+                router_bias_update_rate=p.moe.router_bias_update_rate,
             )
         )
 
@@ -102,6 +109,12 @@ class TorchPolicy:
         if self.fsdp_enabled:
             apply_fsdp(self.model)
         self.grad_scale = float(self.world_size) if self.fsdp_enabled else 1.0
+        self.router_balance = RouterBalance(self.model, config.router_bias_update_rate)
+        if config.router_bias_update_rate > 0 and not self.router_balance:
+            raise ValueError(
+                f"policy.moe.router_bias_update_rate={config.router_bias_update_rate}: "
+                f"{type(self.model).__name__} has no router with an expert bias; set it to 0"
+            )
         # The rank contract of backends/base.py: every rank is a data-parallel replica.
         self.data_parallel_size = self.world_size if self.fsdp_enabled else 1
         self.data_parallel_rank = dist.get_rank() if self.data_parallel_size > 1 else 0
@@ -120,19 +133,24 @@ class TorchPolicy:
     # --- scoring --------------------------------------------------------------------------
 
     def _forward(
-        self, model: torch.nn.Module, batch: TrainBatch
+        self, model: torch.nn.Module, batch: TrainBatch, count_routes: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs and entropies N×T; the LM head runs only from the first response
         position on (`logits_to_keep`): prompt positions are never scored, and the head
-        is a fifth of a small model's FLOPs. Positions before it are 0."""
+        is a fifth of a small model's FLOPs. Positions before it are 0. `count_routes`:
+        MoE routers' choices count toward the step's expert load."""
         input_ids_NL = batch.input_ids_NL.to(self.device)
         attention_mask_NL = batch.attention_mask_NL.to(self.device)
         start = max(0, batch.response_start)
         keep = input_ids_NL.shape[1] - start
-        with torch.autocast(
-            self.device.type,
-            dtype=self.autocast_dtype or torch.float32,
-            enabled=self.autocast_dtype is not None,
+        routes = self.router_balance.counting(attention_mask_NL) if count_routes else nullcontext()
+        with (
+            routes,
+            torch.autocast(
+                self.device.type,
+                dtype=self.autocast_dtype or torch.float32,
+                enabled=self.autocast_dtype is not None,
+            ),
         ):
             logits_NKV = model(
                 input_ids=input_ids_NL, attention_mask=attention_mask_NL, logits_to_keep=keep
@@ -161,7 +179,7 @@ class TorchPolicy:
         counts = global_counts(batch, self.device, reduce=self.world_size > 1)
         metrics: dict[str, float] = {}
         for part in train_micro_batches(batch, self.config.train_micro_batch_size, loss_config):
-            logprobs_NT, entropy_NT = self._forward(self.model, part)
+            logprobs_NT, entropy_NT = self._forward(self.model, part, count_routes=True)
             loss = micro_batch_loss(part, logprobs_NT, entropy_NT, loss_config, counts, metrics)
             # FSDP averages gradients over ranks; the loss is already divided by the
             # *global* token count, so ranks' gradients must add up: scale by the world
@@ -172,7 +190,15 @@ class TorchPolicy:
         # The rate this update uses, read before the scheduler steps (NeMo-RL's `lr`).
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         metrics["grad_norm"] = self._clip_and_step()
+        metrics.update(self.router_balance.step(self._all_reduce_sum))
         return metrics
+
+    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum over data-parallel ranks (the tensor itself with one)."""
+        if self.data_parallel_size > 1:
+            tensor = tensor.to(self.device)
+            dist.all_reduce(tensor)
+        return tensor.cpu()
 
     def _sum_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         """The step's metrics: each is normalised by the global counts, so the global value
@@ -195,6 +221,13 @@ class TorchPolicy:
     # --- weights --------------------------------------------------------------------------
 
     def hf_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """In the checkpoint's names (rlfleet_weights.names), which the engines and the
+        export take; `save` keeps the module's own names."""
+        own = dict(self._module_state())
+        yield from checkpoint_named(self.model, own).items() if own else ()
+
+    def _module_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights in the module's own names, on CPU; empty off global rank 0."""
         if not self.fsdp_enabled:
             for name, tensor in self.model.state_dict().items():
                 yield name, tensor.detach().cpu()
@@ -217,7 +250,7 @@ class TorchPolicy:
         if self.fsdp_enabled:
             self._save_sharded(path)
             return
-        save_file(unshared(dict(self.hf_state_dict())), str(path / "model.safetensors"))
+        save_file(unshared(dict(self._module_state())), str(path / "model.safetensors"))
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
             path / "optimizer.pt",
