@@ -29,7 +29,6 @@ import asyncio
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -39,34 +38,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _gpu_vllm_common import Service, service_overrides
 from rlfleet_core.bench import BenchResult
+from rlfleet_core.models import nemotron_h_parameter_kind
 
 DESCRIPTION = (
     "tiny Nemotron-H in CUDA vLLM: updates by name per parameter kind, MoE vs dense mismatch"
 )
 
 PROMPT = [1, 300, 301, 302, 201, 1, 303, 304, 201]
-KINDS: dict[str, tuple[str, float]] = {
-    "mamba A_log": (r"\.mixer\.A_log$", 2.0),
-    "mamba D": (r"\.mixer\.D$", 2.0),
-    "mamba dt_bias": (r"\.mixer\.dt_bias$", 2.0),
-    "mamba conv1d": (r"\.mixer\.conv1d\.", 0.5),
-    "mamba projections and gated norm": (r"\.mixer\.(in_proj|out_proj|norm)\.", 0.2),
-    "routed experts": (r"\.mixer\.experts\.\d+\.", 0.2),
-    "shared experts": (r"\.mixer\.shared_experts\.", 0.2),
-    "router": (r"\.mixer\.gate\.weight$", 1.0),
-    "router bias (aux-loss-free)": (r"\.mixer\.gate\.e_score_correction_bias$", 1.0),
-    "attention": (r"\.mixer\.[qkvo]_proj\.", 0.2),
-    "norms, embeddings, head": (r"(layers\.\d+\.norm\.|norm_f\.|embeddings\.|lm_head\.)", 0.2),
-}
+SCALES = {  # noise per parameter kind (rlfleet_core.models.NEMOTRON_H_PARAMETER_KINDS)
+    "mamba A_log": 2.0, "mamba D": 2.0, "mamba dt_bias": 2.0, "mamba conv1d": 0.5,
+    "mamba projections and gated norm": 0.2, "routed experts": 0.2, "shared experts": 0.2,
+    "router": 1.0, "router bias (aux-loss-free)": 1.0, "attention": 0.2,
+    "norms, embeddings, head": 0.2,
+}  # fmt: skip
 DENSE_PATTERN = "M-M*-M-"
 """tiny-nemotron-h's `MEM*EME` with a dense MLP in each MoE place."""
-
-
-def kind_of(name: str) -> str:
-    kinds = [k for k, (pattern, _) in KINDS.items() if re.search(pattern, name)]
-    if len(kinds) != 1:
-        raise ValueError(f"{name}: parameter kinds {kinds}")
-    return kinds[0]
 
 
 def models(work: Path) -> tuple[Path, Path]:
@@ -158,7 +144,7 @@ async def part_kinds(work: Path, moe: Path, device: str, gpu: bool) -> dict[str,
     views = checkpoint_named(model, dict(model.state_dict()))  # views: writes reach the model
     by_kind: dict[str, list[str]] = {}
     for name in views:
-        by_kind.setdefault(kind_of(name), []).append(name)
+        by_kind.setdefault(nemotron_h_parameter_kind(name), []).append(name)
     rows: dict[str, Any] = {"part": "kinds", "engine_dtype": "float32"}
     try:
         async with connect(f"127.0.0.1:{svc.grpc_port}", default_timeout_s=300) as channel:
@@ -179,7 +165,7 @@ async def part_kinds(work: Path, moe: Path, device: str, gpu: bool) -> dict[str,
                 with torch.no_grad():
                     for name in names:
                         noise = torch.randn(views[name].shape, generator=gen)
-                        views[name].add_(KINDS[kind][1] * noise.to(views[name].device))
+                        views[name].add_(SCALES[kind] * noise.to(views[name].device))
                 reply = await stream_update(stub, version, {n: views[n] for n in names})
                 after = await generate(stub, PROMPT, n=1, tokens=24, temperature=0.0, tag="k")
                 gap = max_gap(model, after, PROMPT)

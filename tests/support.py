@@ -20,6 +20,15 @@ REPO = Path(__file__).resolve().parents[1]
 RLFLEET = str(Path(sys.executable).parent / "rlfleet")
 
 
+def run_rlfleet(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`rlfleet ARGS` in `cwd` as a user runs it (wide output, no warnings), captured."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "rlfleet_cli.main", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
 def spawn_bound(
     command: list[str], port_file: Path, timeout_s: float = 180, **popen: Any
 ) -> tuple[subprocess.Popen[Any], BoundPorts]:

@@ -9,23 +9,13 @@ and an hf/ export that loads with AutoModelForCausalLM under the checkpoint's ow
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import run_rlfleet
 
 pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
 pytest.importorskip("rlfleet_rollout", reason="the rollout service package is not installed")
-
-
-def _rlfleet(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "rlfleet_cli.main", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
 
 
 @pytest.mark.budget(240, "a GRPO stage of the hybrid model through its services")
@@ -36,10 +26,10 @@ def test_tiny_nemotron_h_stage_runs_exports_and_balances(tmp_path: Path) -> None
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    prep = _rlfleet(tmp_path, "data", "prep", "rl", "tiny-rlvr1", timeout=300)
+    prep = run_rlfleet(tmp_path, "data", "prep", "rl", "tiny-rlvr1", timeout=300)
     assert prep.returncode == 0, prep.stderr[-2000:]
     # Deadlines for a machine shared with the other workers; the test checks mechanics.
-    run = _rlfleet(
+    run = run_rlfleet(
         tmp_path, "rl", "rlvr", "-c", "tiny/nemotron-h", "services.generate_timeout_s=1800",
         timeout=850,
     )  # fmt: skip

@@ -12,12 +12,10 @@ makes a valid call in few trajectories, and unseeded a short run may find no pai
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import run_rlfleet
 
 pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
 pytest.importorskip("rlfleet_rollout", reason="the rollout service package is not installed")
@@ -37,14 +35,6 @@ SHORT = [
 ]
 
 
-def _rlfleet(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "rlfleet_cli.main", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
-
-
 # 539 s alone with one thread a process (549 CPU s; the hf engine prefills a group's
 # shared prompt once; before, its sampling alone had not finished after 12 min on one
 # thread); 865-1,051 s beside the other workers before that (sessions 17-18).
@@ -58,9 +48,13 @@ def test_rl_dpo_tiny_samples_pairs_trains_and_reports_the_hallucination_rate(
     from rlfleet_core.models import resolve_model
     from safetensors.torch import load_file
 
-    prep = _rlfleet(tmp_path, "data", "prep", "rl", "tiny-tooluse", "--val-rows", "28", timeout=300)
+    prep = run_rlfleet(
+        tmp_path, "data", "prep", "rl", "tiny-tooluse", "--val-rows", "28", timeout=300
+    )
     assert prep.returncode == 0, prep.stderr[-2000:]
-    run = _rlfleet(tmp_path, "rl", "dpo", "-c", "tiny/dpo", "--engine", "hf", *SHORT, timeout=2300)
+    run = run_rlfleet(
+        tmp_path, "rl", "dpo", "-c", "tiny/dpo", "--engine", "hf", *SHORT, timeout=2300
+    )
     stage = tmp_path / "runs/dpo-tooluse"
     logs = "\n".join(
         f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in stage.glob("logs/*.log")

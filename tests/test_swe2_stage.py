@@ -11,32 +11,22 @@ run in the containers)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from rlfleet_core.models import resolve_model
+from support import run_rlfleet
 
 pytest.importorskip("rlfleet_trainer", reason="the trainer package is not installed")
 pytest.importorskip("rlfleet_swe", reason="the swe-runner package is not installed")
 
 
-def _rlfleet(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "rlfleet_cli.main", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
-
-
 def test_rl_swe_tiny_swe2_needs_the_previous_stages_export(tmp_path: Path) -> None:
-    prep = _rlfleet(tmp_path, "data", "prep", "rl", "tiny-swe2", "--val-rows", "1", timeout=300)
+    prep = run_rlfleet(tmp_path, "data", "prep", "rl", "tiny-swe2", "--val-rows", "1", timeout=300)
     assert prep.returncode == 0, prep.stderr[-2000:]
-    missing = _rlfleet(tmp_path, "rl", "swe", "-c", "tiny/swe2", "--dry-run", timeout=300)
+    missing = run_rlfleet(tmp_path, "rl", "swe", "-c", "tiny/swe2", "--dry-run", timeout=300)
     assert missing.returncode == 1 and "runs/swe1/hf: no such folder" in missing.stderr
     shutil.copytree(resolve_model("tiny"), tmp_path / "runs/swe1/hf")
-    ready = _rlfleet(tmp_path, "rl", "swe", "-c", "tiny/swe2", "--dry-run", timeout=300)
+    ready = run_rlfleet(tmp_path, "rl", "swe", "-c", "tiny/swe2", "--dry-run", timeout=300)
     assert "runs/swe1/hf: no such folder" not in ready.stdout + ready.stderr, ready.stderr

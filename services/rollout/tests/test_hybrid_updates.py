@@ -22,29 +22,27 @@ is checked against a teacher-forced step-by-step reference to 1e-4 after every u
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
-from rlfleet_core.models import resolve_model
+from rlfleet_core.models import nemotron_h_parameter_kind, resolve_model
 from rlfleet_weights.names import checkpoint_named
 from weight_testlib import Reference, assert_close, greedy_samples, rollout_stub, stream_weights
 
 PROMPT = [1, 300, 301, 302, 201, 1, 303, 304, 201]
 
-KINDS: dict[str, tuple[str, float]] = {
-    # kind: (checkpoint-name pattern, noise scale: large enough to move greedy logprobs)
-    "mamba A_log": (r"\.mixer\.A_log$", 2.0),
-    "mamba D": (r"\.mixer\.D$", 2.0),
-    "mamba dt_bias": (r"\.mixer\.dt_bias$", 2.0),
-    "mamba conv1d": (r"\.mixer\.conv1d\.", 0.5),
-    "mamba projections and gated norm": (r"\.mixer\.(in_proj|out_proj|norm)\.", 0.2),
-    "routed experts": (r"\.mixer\.experts\.\d+\.", 0.2),
-    "shared experts": (r"\.mixer\.shared_experts\.", 0.2),
-    "router": (r"\.mixer\.gate\.weight$", 1.0),
-    "router bias (aux-loss-free)": (r"\.mixer\.gate\.e_score_correction_bias$", 1.0),
-    "attention": (r"\.mixer\.[qkvo]_proj\.", 0.2),
-    "norms, embeddings, head": (r"(layers\.\d+\.norm\.|norm_f\.|embeddings\.|lm_head\.)", 0.2),
+SCALES: dict[str, float] = {
+    # noise per parameter kind: large enough to move greedy logprobs
+    "mamba A_log": 2.0,
+    "mamba D": 2.0,
+    "mamba dt_bias": 2.0,
+    "mamba conv1d": 0.5,
+    "mamba projections and gated norm": 0.2,
+    "routed experts": 0.2,
+    "shared experts": 0.2,
+    "router": 1.0,
+    "router bias (aux-loss-free)": 1.0,
+    "attention": 0.2,
+    "norms, embeddings, head": 0.2,
 }
 
 
@@ -70,12 +68,6 @@ def _check(reference: Reference, weights: dict[str, torch.Tensor], sample: objec
     assert_close(got, _stepwise(reference, weights, tokens))
 
 
-def _kind(name: str) -> str:
-    kinds = [kind for kind, (pattern, _) in KINDS.items() if re.search(pattern, name)]
-    assert len(kinds) == 1, f"{name}: kinds {kinds} (add the parameter kind to KINDS)"
-    return kinds[0]
-
-
 @pytest.mark.asyncio
 @pytest.mark.budget(120, "a hybrid model served; eleven updates, each checked by logprobs")
 async def test_every_parameter_kind_lands_by_name() -> None:
@@ -86,8 +78,8 @@ async def test_every_parameter_kind_lands_by_name() -> None:
     views = checkpoint_named(reference.model, served)
     by_kind: dict[str, list[str]] = {}
     for name in views:
-        by_kind.setdefault(_kind(name), []).append(name)
-    assert set(by_kind) == set(KINDS), f"kinds without tensors: {set(KINDS) - set(by_kind)}"
+        by_kind.setdefault(nemotron_h_parameter_kind(name), []).append(name)
+    assert set(by_kind) == set(SCALES), f"kinds without tensors: {set(SCALES) - set(by_kind)}"
     assert len(by_kind["routed experts"]) == 3 * 4 * 2  # 3 MoE layers x 4 experts x up/down
 
     gen = torch.Generator().manual_seed(7)
@@ -105,7 +97,7 @@ async def test_every_parameter_kind_lands_by_name() -> None:
         _check(reference, served, first)
         reference.base = {name: tensor.clone() for name, tensor in served.items()}
         for version, (kind, names) in enumerate(by_kind.items(), start=2):
-            scale = KINDS[kind][1]
+            scale = SCALES[kind]
             with torch.no_grad():
                 for name in names:
                     views[name].add_(scale * torch.randn(views[name].shape, generator=gen))

@@ -62,6 +62,33 @@ _TINY_NEMOTRON_H_RECIPE = "v1"
 TINY_NEMOTRON_H_PATTERN = "MEM*EME"
 """Layer kinds in order (`M` Mamba-2, `E` MoE, `*` attention): how Nano 3's pattern
 (`MEMEM*EMEMEM*E...`, 52 layers) begins, cut to seven layers."""
+NEMOTRON_H_PARAMETER_KINDS: dict[str, str] = {
+    "mamba A_log": r"\.mixer\.A_log$",
+    "mamba D": r"\.mixer\.D$",
+    "mamba dt_bias": r"\.mixer\.dt_bias$",
+    "mamba conv1d": r"\.mixer\.conv1d\.",
+    "mamba projections and gated norm": r"\.mixer\.(in_proj|out_proj|norm)\.",
+    "routed experts": r"\.mixer\.experts\.\d+\.",
+    "shared experts": r"\.mixer\.shared_experts\.",
+    "router": r"\.mixer\.gate\.weight$",
+    "router bias (aux-loss-free)": r"\.mixer\.gate\.e_score_correction_bias$",
+    "attention": r"\.mixer\.[qkvo]_proj\.",
+    "norms, embeddings, head": r"(layers\.\d+\.norm\.|norm_f\.|embeddings\.|lm_head\.)",
+}
+"""Every kind of weight a Nemotron-H checkpoint holds, by a pattern of its checkpoint
+name: what a weight update must be able to land (the update tests go through each)."""
+
+
+def nemotron_h_parameter_kind(name: str) -> str:
+    """The one kind of NEMOTRON_H_PARAMETER_KINDS a checkpoint name belongs to."""
+    import re
+
+    kinds = [k for k, pattern in NEMOTRON_H_PARAMETER_KINDS.items() if re.search(pattern, name)]
+    if len(kinds) != 1:
+        raise ValueError(f"{name}: parameter kinds {kinds} (NEMOTRON_H_PARAMETER_KINDS)")
+    return kinds[0]
+
+
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CHATML_TEMPLATE = (
