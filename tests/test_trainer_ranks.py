@@ -107,6 +107,13 @@ def stage_command(
             "grpo.num_generations_per_prompt=4",
             f"grpo.max_num_steps={steps}",
             "grpo.lr=1e-3",
+            # Adam moves a weight by lr * m / (sqrt(v) + eps): ±lr for any gradient well above
+            # eps, so at eps 1e-8 a gradient near 1e-8 whose last bits differ by summation
+            # order (2 ranks reduce what 1 accumulates) can move it anywhere in ±1e-3, far
+            # beyond the 1e-5 the weights are compared at (a clean CI run of 18a597c failed
+            # so, with equal losses and grad norms; the FSDP2 probe showed one such element).
+            # eps 1e-6 bounds that sensitivity to lr / eps x ~1e-9 = ~1e-6.
+            "policy.optimizer.eps=1e-6",
             "grpo.max_trajectory_age_steps=0",
             "checkpoint.save_every_steps=1",
             f"services.rollout={rollout}",

@@ -18,7 +18,7 @@ from rlfleet_trainer.algorithms.router_balance import (
     routers_of,
 )
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
-from rlfleet_trainer.batch import Trajectory, build_train_batch
+from rlfleet_trainer.testing import random_batch
 from transformers import AutoModelForCausalLM
 
 LOSS = GRPOConfig(importance_sampling="tis", force_on_policy_ratio=True)
@@ -46,27 +46,6 @@ def test_load_stats_by_hand() -> None:
     assert mixed["moe/expert_load_min"] == pytest.approx((0.5 + 1.0) / 2)
 
 
-def _trajectories() -> list[Trajectory]:
-    gen = torch.Generator().manual_seed(3)
-    out = []
-    for i in range(4):  # different lengths: the batch is padded, pads must not count
-        prompt = torch.randint(3, 512, (4 + i,), generator=gen).tolist()
-        response = torch.randint(3, 512, (3 + 2 * i,), generator=gen).tolist()
-        out.append(
-            Trajectory(
-                prompt_id=f"p{i // 2}",
-                sample_index=i % 2,
-                prompt_token_ids=prompt,
-                token_ids=response,
-                generation_logprobs=[-6.0] * len(response),
-                truncated=False,
-                reward=float(i % 2),
-                advantage=1.0 if i % 2 else -1.0,
-            )
-        )
-    return out
-
-
 @torch.no_grad()
 def _loads(model_path: Path, sequences: list[list[int]]) -> torch.Tensor:
     """Tokens per expert per MoE layer, each sequence run alone (no padding)."""
@@ -90,7 +69,7 @@ def _loads(model_path: Path, sequences: list[list[int]]) -> torch.Tensor:
 
 def test_a_training_step_moves_each_bias_by_its_layers_load() -> None:
     model_path = resolve_model("tiny-nemotron-h")
-    trajs = _trajectories()
+    trajs, batch = random_batch(seed=3)  # different lengths: pads must not count
     rate = 0.01
     torch.manual_seed(0)
     policy = TorchPolicy(
@@ -98,7 +77,7 @@ def test_a_training_step_moves_each_bias_by_its_layers_load() -> None:
             model_path=model_path, lr=1e-3, router_bias_update_rate=rate, train_micro_batch_size=3
         )
     )
-    metrics = policy.train_step(build_train_batch(trajs, torch.ones(len(trajs))), LOSS)
+    metrics = policy.train_step(batch, LOSS)
     load = _loads(model_path, [t.prompt_token_ids + t.token_ids for t in trajs])
     top_k = policy.router_balance.routers[0].top_k
     assert int(load[0].sum()) == top_k * sum(len(t.prompt_token_ids + t.token_ids) for t in trajs)

@@ -12,33 +12,12 @@ import torch.distributed as dist
 from rlfleet_contracts.recipe import GRPOConfig
 from rlfleet_core.ports import pick_free_port
 from rlfleet_trainer.backends.torch_backend import TorchBackendConfig, TorchPolicy
-from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
+from rlfleet_trainer.testing import random_batch
 from rlfleet_weights.names import checkpoint_named
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 LOSS = GRPOConfig(importance_sampling="tis", force_on_policy_ratio=True)
-
-
-def _batch(seed: int = 0, n: int = 4) -> tuple[list[Trajectory], TrainBatch]:
-    gen = torch.Generator().manual_seed(seed)
-    trajs = []
-    for i in range(n):
-        prompt = torch.randint(3, 512, (3 + i,), generator=gen).tolist()
-        response = torch.randint(3, 512, (2 + (i * 2) % 5,), generator=gen).tolist()
-        trajs.append(
-            Trajectory(
-                prompt_id=f"p{i // 2}",
-                sample_index=i % 2,
-                prompt_token_ids=prompt,
-                token_ids=response,
-                generation_logprobs=[-6.2] * len(response),
-                truncated=False,
-                reward=float(i % 2),
-                advantage=1.0 if i % 2 else -1.0,
-            )
-        )
-    return trajs, build_train_batch(trajs, torch.ones(n))
 
 
 def _policy(model: Path, **kw: object) -> TorchPolicy:
@@ -47,7 +26,7 @@ def _policy(model: Path, **kw: object) -> TorchPolicy:
 
 
 def test_logprobs_align_with_generated_tokens(tiny_models: Path) -> None:
-    trajs, batch = _batch()
+    trajs, batch = random_batch()
     policy = _policy(tiny_models, logprob_micro_batch_size=3)
     logprobs_NT = policy.logprobs(batch)
     model = AutoModelForCausalLM.from_pretrained(tiny_models).eval()
@@ -61,8 +40,8 @@ def test_logprobs_align_with_generated_tokens(tiny_models: Path) -> None:
         assert got == pytest.approx(expected, abs=1e-4)
 
 
-def test_gradient_accumulation_equals_full_batch(tiny_models: Path) -> None:
-    _, batch = _batch(n=6)
+def test_gradient_accumulation_equals_fullrandom_batch(tiny_models: Path) -> None:
+    _, batch = random_batch(n=6)
     results = []
     for micro in (1, 4, 6):
         policy = _policy(tiny_models, train_micro_batch_size=micro, max_grad_norm=None)
@@ -76,7 +55,7 @@ def test_gradient_accumulation_equals_full_batch(tiny_models: Path) -> None:
 
 
 def test_positive_advantage_samples_become_likelier(tiny_model: Path) -> None:
-    trajs, batch = _batch()
+    trajs, batch = random_batch()
     policy = _policy(tiny_model)
     before = (policy.logprobs(batch) * batch.mask_NT).sum(1)
     for _ in range(3):
@@ -89,7 +68,7 @@ def test_positive_advantage_samples_become_likelier(tiny_model: Path) -> None:
 
 
 def test_reference_logprobs_stay_frozen(tiny_model: Path) -> None:
-    _, batch = _batch()
+    _, batch = random_batch()
     policy = _policy(tiny_model, keep_reference=True)
     ref_before = policy.logprobs(batch, reference=True)
     policy.train_step(batch, LOSS)
@@ -100,7 +79,7 @@ def test_reference_logprobs_stay_frozen(tiny_model: Path) -> None:
 
 
 def test_save_load_roundtrip_and_hf_export(tiny_models: Path, tmp_path: Path) -> None:
-    _, batch = _batch()
+    _, batch = random_batch()
     policy = _policy(tiny_models)
     policy.train_step(batch, LOSS)
     (tmp_path / "ckpt").mkdir()
@@ -127,7 +106,7 @@ def test_save_load_roundtrip_and_hf_export(tiny_models: Path, tmp_path: Path) ->
 
 
 def test_fsdp2_world_size_one_matches_plain(tiny_models: Path) -> None:
-    _, batch = _batch()
+    _, batch = random_batch()
     plain = _policy(tiny_models, max_grad_norm=None)
     plain_metrics = plain.train_step(batch, LOSS)
     dist.init_process_group(
@@ -146,7 +125,7 @@ def test_fsdp2_world_size_one_matches_plain(tiny_models: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_two_ranks_match_one_process_on_the_whole_batch(
+def test_fsdp2_two_ranks_match_one_process_on_the_wholerandom_batch(
     tiny_models: Path, tmp_path: Path
 ) -> None:
     """torchrun, 2 gloo ranks, each on half of the batch: the summed loss, the grad norm
@@ -205,7 +184,7 @@ def test_checkpoint_of_tied_embeddings(tiny_model: Path, tmp_path: Path) -> None
     for item in tiny_model.iterdir():
         if item.name.startswith("tokenizer") or item.name == "special_tokens_map.json":
             (tied / item.name).write_bytes(item.read_bytes())
-    _, batch = _batch()
+    _, batch = random_batch()
     policy = _policy(tied)
     assert (
         policy.model.lm_head.weight.data_ptr() == policy.model.model.embed_tokens.weight.data_ptr()
@@ -227,7 +206,7 @@ def test_checkpoint_of_tied_embeddings(tiny_model: Path, tmp_path: Path) -> None
 
 
 def test_train_top_layers_freezes_the_rest(tiny_model: Path) -> None:
-    _, batch = _batch()
+    _, batch = random_batch()
     policy = _policy(tiny_model, train_top_layers=1)
     before = {k: v.clone() for k, v in policy.hf_state_dict()}
     policy.train_step(batch, LOSS)
@@ -244,7 +223,7 @@ def test_train_top_layers_freezes_the_rest(tiny_model: Path) -> None:
 
 def test_logits_only_from_the_first_response_position(tiny_model: Path) -> None:
     """Skipping the LM head on prompt positions changes nothing the loss sees."""
-    _, batch = _batch()
+    _, batch = random_batch()
     policy = _policy(tiny_model)
     assert batch.response_start > 0
     fast = policy.logprobs(batch)

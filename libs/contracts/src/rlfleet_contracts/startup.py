@@ -140,7 +140,7 @@ def shape_problem(recipe: RecipeConfig) -> str | None:
     if config is None:
         return None
     family = config.get("model_type")
-    if family not in MEGATRON_MODEL_TYPES:
+    if family is not None and family not in MEGATRON_MODEL_TYPES:
         return (
             f"policy.backend=megatron converts {' and '.join(MEGATRON_MODEL_TYPES)} models, not "
             f"{family!r} (policy.model={recipe.policy.model}); use policy.backend=torch"

@@ -40,6 +40,8 @@ from rlfleet_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_p
 from rlfleet_weights.plan import dtype_name
 from safetensors.torch import load_file
 
+from rlfleet_trainer.batch import TrainBatch, Trajectory, build_train_batch
+
 # prctl option: a signal for the child when its parent dies (Linux).
 PR_SET_PDEATHSIG = 1
 
@@ -220,6 +222,30 @@ class DoubleRollout(rollout_pb2_grpc.RolloutServiceServicer):
     async def Resume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         self.resumes += 1
         return rollout_pb2.ResumeResponse()
+
+
+def random_batch(seed: int = 0, n: int = 4) -> tuple[list[Trajectory], TrainBatch]:
+    """`n` trajectories of random token ids (vocab 512) with prompts and responses of
+    different lengths (a padded batch), groups of 2 with opposite advantages, and their
+    TrainBatch: the backend tests' fixed batch."""
+    gen = torch.Generator().manual_seed(seed)
+    trajs = []
+    for i in range(n):
+        prompt = torch.randint(3, 512, (3 + i,), generator=gen).tolist()
+        response = torch.randint(3, 512, (2 + (i * 2) % 5,), generator=gen).tolist()
+        trajs.append(
+            Trajectory(
+                prompt_id=f"p{i // 2}",
+                sample_index=i % 2,
+                prompt_token_ids=prompt,
+                token_ids=response,
+                generation_logprobs=[-6.2] * len(response),
+                truncated=False,
+                reward=float(i % 2),
+                advantage=1.0 if i % 2 else -1.0,
+            )
+        )
+    return trajs, build_train_batch(trajs, torch.ones(n))
 
 
 def letter_rows(n: int = 12) -> list[dict[str, Any]]:
