@@ -194,7 +194,13 @@ async def part_kinds(work: Path, moe: Path, device: str, gpu: bool) -> dict[str,
             rows["kinds"] = per_kind
             worst = max(v["max_abs_dlogprob"] for v in per_kind.values())
             rows["worst_kind_max_abs_dlogprob"] = worst
-            rows["ok"] = worst < 1e-2 and all(v["moved"] > 1e-3 for v in per_kind.values())
+            # Landed: the engine's gap to the new weights is a small part of how far they
+            # moved it. Not an absolute bound: the pushed weights (in_proj x30, then noise
+            # on every kind) make greedy decoding chaotic, and vLLM's Mamba kernels and
+            # the HF torch path differ by 3e-4 even on the bundled weights (H200, fp32).
+            rows["ok"] = rows["start_max_abs_dlogprob"] < 1e-3 and all(
+                v["max_abs_dlogprob"] < 0.1 * v["moved"] for v in per_kind.values()
+            )
     finally:
         svc.stop()
     return rows

@@ -54,3 +54,31 @@ def test_start_checks_the_model_folder_shape_for_megatron(tmp_path: Path) -> Non
         overrides=[*base, "policy.backend=megatron", f"policy.model={fine}"],
     )
     assert start_problem(ok, world_size=2) is None
+
+
+def test_router_balancing_on_a_model_without_routers_fails_the_start_checks(
+    tmp_path: Path,
+) -> None:
+    """`policy.moe.router_bias_update_rate` on a dense model is refused by --dry-run, as
+    the torch backend would refuse it once the model is loaded; on Nemotron-H with MoE
+    layers it passes."""
+    from rlfleet_core.models import resolve_model
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("{}\n")
+
+    def problem(model: Path | str) -> str | None:
+        recipe = load_config(
+            RecipeConfig,
+            overrides=[
+                f"policy.model={model}",
+                f"data.train_path={rows}",
+                "policy.moe.router_bias_update_rate=0.001",
+            ],
+        )
+        return start_problem(recipe, 1)
+
+    dense = problem(resolve_model("tiny"))
+    assert dense is not None and dense.startswith("policy.moe.router_bias_update_rate=0.001")
+    assert "(qwen2) has no mixture-of-experts router" in dense
+    assert problem(resolve_model("tiny-nemotron-h")) is None

@@ -199,6 +199,28 @@ def data_problem(data: DataConfig) -> str | None:
     return None
 
 
+def moe_problem(recipe: RecipeConfig) -> str | None:
+    """Aux-loss-free balancing asked of a model with no DeepSeek-style router (read from
+    its config.json when it is here: Nemotron-H with MoE layers, or a config naming
+    `n_routed_experts`, as DeepSeek-V3's does)."""
+    rate = recipe.policy.moe.router_bias_update_rate
+    config = local_model_config(recipe.policy.model) if rate > 0 else None
+    if config is None:
+        return None
+    kinds = config.get("layers_block_type") or list(config.get("hybrid_override_pattern", ""))
+    if config.get("model_type") == "nemotron_h":
+        routed = any(k in ("moe", "E") for k in kinds)
+    else:
+        routed = bool(config.get("n_routed_experts"))
+    if routed:
+        return None
+    return (
+        f"policy.moe.router_bias_update_rate={rate}: policy.model={recipe.policy.model} "
+        f"({config.get('model_type')}) has no mixture-of-experts router with an expert bias; "
+        "set it to 0"
+    )
+
+
 def start_problem(
     recipe: RecipeConfig, world_size: int | None = None, *, download: bool = True
 ) -> str | None:
@@ -217,7 +239,7 @@ def start_problem(
     if problem is None and megatron and world_size is not None:
         problem = world_size_problem(p.tensor_parallel_size, p.pipeline_parallel_size, world_size)
     if problem is None:
-        problem = dpo_problem(recipe)
+        problem = moe_problem(recipe) or dpo_problem(recipe)
     return problem
 
 
